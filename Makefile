@@ -1,0 +1,34 @@
+# Set-up and checks. `make test` works on a fresh machine with nothing but Python 3.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BACKENDS ?= tensorflow jax torch
+PYTEST_ARGS ?=
+
+.PHONY: install test test-one clean
+
+install: $(VENV)/.installed
+
+# torch is pinned here (dev set-up only) so that pip takes the CPU wheel from this machine.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+# The whole suite once per backend; fails if any backend fails.
+test: install
+	@status=0; for backend in $(BACKENDS); do \
+	  echo "=== KERAS_BACKEND=$$backend ==="; \
+	  start=$$(date +%s); \
+	  KERAS_BACKEND=$$backend $(PY) -m pytest tests $(PYTEST_ARGS) || status=1; \
+	  echo "=== $$backend: $$(( $$(date +%s) - start ))s ==="; \
+	done; exit $$status
+
+# One backend: make test-one BACKEND=jax
+test-one: install
+	KERAS_BACKEND=$(BACKEND) $(PY) -m pytest tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,6 @@
+"""keras_xf: Transformer building blocks for Keras 3 on TensorFlow, JAX and PyTorch."""
+
+from keras_xf import layers
+from keras_xf import ops
+
+__version__ = "0.1.0"

@@ -1,0 +1,355 @@
+"""Multi-head, multi-query and grouped-query attention with a KV cache (survey §2.3, §2.6, §5.4)."""
+
+import keras
+from keras import ops
+
+from keras_xf.ops.attention import attend
+from keras_xf.ops.attention import attention_scores
+from keras_xf.ops.attention import masked_softmax
+from keras_xf.ops.attention import scaled_dot_product_attention
+from keras_xf.ops.masks import causal_mask
+from keras_xf.ops.masks import key_padding_to_attention_mask
+from keras_xf.ops.masks import merge_masks
+
+
+def _deserialize(layer):
+    if layer is None or isinstance(layer, keras.layers.Layer):
+        return layer
+    return keras.saving.deserialize_keras_object(layer)
+
+
+def _serialize(layer):
+    return None if layer is None else keras.saving.serialize_keras_object(layer)
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention: `C = Merge(C₁ … C_τ) W_c`, `C_h = Softmax(Q_h K_hᵀ/√d_h + M) V_h`.
+
+    Survey §2.3 (multi-head self-attention), §2.6 (cross-attention and the causal mask `M`)
+    and §5.4 (multi-query / grouped-query attention: `num_key_value_heads` key/value heads,
+    each shared by `num_heads / num_key_value_heads` query heads).
+
+    The scores follow one pipeline with plug points for the attention variants:
+    `q, k = position.rotate(q, k, …)`; `scores = q·kᵀ·scale + Σ bias(q, k, …)`;
+    `scores = scores ⊙ multiplier(q, k, …)`; masked by padding ∧ attention_mask ∧ causal ∧
+    `pattern(…)`; `α = masked_softmax(scores)` in float32; `out = α·v + Σ bias.value_term(α, …)`.
+    Without multiplier, value terms, returned weights or training dropout, the fused
+    `keras.ops.dot_product_attention` kernel computes the same numbers.
+
+    Hook protocol (each hook is a serialisable Keras layer; positions are int32 vectors):
+    - `position.rotate(query, key, query_positions, key_positions) -> (query, key)`;
+    - `bias(query, key, query_positions, key_positions)` returns an additive bias
+      broadcastable to `[B, H, T, S]`; a bias with `has_value_term = True` also provides
+      `value_term(weights, value, query_positions, key_positions) -> [B, T, H, Dh]`;
+    - `multiplier(query, key, query_positions, key_positions)`, broadcastable to `[B, H, T, S]`;
+    - `pattern(query_positions, key_positions)`, a boolean mask broadcastable to `[B, H, T, S]`.
+
+    Args:
+        num_heads: int, query heads `τ`.
+        head_dim: int, width of each head; defaults to `hidden_dim // num_heads`.
+        num_key_value_heads: int dividing `num_heads` (1 = MQA); defaults to `num_heads`.
+        output_dim: int, output width; defaults to the query width.
+        use_bias: bool, biases in the four projections.
+        dropout: float in [0, 1), dropout on the attention weights.
+        causal: bool, default for `use_causal_mask`.
+        scale: float, score scale; defaults to `1/√head_dim`.
+        position, biases, multiplier, pattern: the plug points above (`biases` is a list).
+        kernel_initializer, bias_initializer: initializers of the projections.
+        **kwargs: base `Layer` arguments.
+
+    Call arguments:
+        query: `[B, T, d]`.
+        value: `[B, S, d_kv]` for cross-attention; `None` for self-attention.
+        key: `[B, S, d_kv]`, defaults to `value`.
+        padding_mask: boolean `[B, S]`, `True` for real key/value tokens.
+        attention_mask: boolean `[B, T, S]` or `[B, H, T, S]`.
+        use_causal_mask: bool, `None` means `causal`.
+        cache: `[B, 2, S_max, Hkv, Dh]` from `init_cache`. With `cache_index`, the new keys and
+            values are written at `cache_index` and the queries attend to the cache; without
+            it, the cache is filled from `value` (cross-attention computed once) or, when
+            `value` is `None`, used as it is.
+        cache_index: int or scalar int tensor, position of the first query token.
+        return_attention_scores: bool, also return the float32 weights `[B, H, T, S]`.
+        training: bool.
+
+    Returns:
+        `[B, T, output_dim]`, then the weights if asked, then the new cache if a cache was given.
+
+    Example:
+    >>> mha = MultiHeadAttention(num_heads=4, num_key_value_heads=2)
+    >>> y = mha(keras.random.normal((2, 6, 32)), use_causal_mask=True)  # (2, 6, 32)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim=None,
+        num_key_value_heads=None,
+        output_dim=None,
+        use_bias=True,
+        dropout=0.0,
+        causal=False,
+        scale=None,
+        position=None,
+        biases=None,
+        multiplier=None,
+        pattern=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(num_heads, int) or num_heads <= 0:
+            raise ValueError(f"num_heads must be a positive int. Received: num_heads={num_heads}")
+        if head_dim is not None and (not isinstance(head_dim, int) or head_dim <= 0):
+            raise ValueError(f"head_dim must be a positive int. Received: head_dim={head_dim}")
+        if num_key_value_heads is None:
+            num_key_value_heads = num_heads
+        if (
+            not isinstance(num_key_value_heads, int)
+            or num_key_value_heads <= 0
+            or num_heads % num_key_value_heads
+        ):
+            raise ValueError(
+                "num_heads must be a multiple of num_key_value_heads. Received: "
+                f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}"
+            )
+        if output_dim is not None and (not isinstance(output_dim, int) or output_dim <= 0):
+            raise ValueError(f"output_dim must be a positive int. Received: output_dim={output_dim}")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_key_value_heads = num_key_value_heads
+        self.output_dim = output_dim
+        self.use_bias = use_bias
+        self.dropout = dropout
+        self.causal = causal
+        self.scale = scale
+        self.position = _deserialize(position)
+        self.biases = [_deserialize(bias) for bias in (biases or [])]
+        self.multiplier = _deserialize(multiplier)
+        self.pattern = _deserialize(pattern)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.seed_generator = keras.random.SeedGenerator(1337)
+        self._value_term_biases = [b for b in self.biases if getattr(b, "has_value_term", False)]
+
+    def _projection(self, name, equation, output_shape, bias_axes):
+        return keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        if len(query_shape) != 3:
+            raise ValueError(
+                "MultiHeadAttention expects a query of rank 3 [batch, length, dim]. "
+                f"Received: query_shape={tuple(query_shape)}"
+            )
+        hidden_dim = query_shape[-1]
+        if self.head_dim is None:
+            if hidden_dim % self.num_heads:
+                raise ValueError(
+                    "num_heads must divide hidden_dim when head_dim is not given. Received: "
+                    f"num_heads={self.num_heads}, hidden_dim={hidden_dim}"
+                )
+            self.head_dim = hidden_dim // self.num_heads
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        for arg, shape in (("value_shape", value_shape), ("key_shape", key_shape)):
+            if len(shape) != 3:
+                raise ValueError(
+                    f"MultiHeadAttention expects {arg[:-6]} of rank 3. Received: {arg}={tuple(shape)}"
+                )
+        heads, kv_heads, dim = self.num_heads, self.num_key_value_heads, self.head_dim
+        out_dim = self.output_dim or hidden_dim
+        self.query_dense = self._projection("query", "btd,dhk->bthk", (None, heads, dim), "hk")
+        self.key_dense = self._projection("key", "bsd,dhk->bshk", (None, kv_heads, dim), "hk")
+        self.value_dense = self._projection("value", "bsd,dhk->bshk", (None, kv_heads, dim), "hk")
+        self.output_dense = self._projection("attention_output", "bthk,hkd->btd", (None, out_dim), "d")
+        self.query_dense.build(query_shape)
+        self.key_dense.build(key_shape)
+        self.value_dense.build(value_shape)
+        self.output_dense.build((query_shape[0], query_shape[1], heads, dim))
+        head_shape = (query_shape[0], query_shape[1], heads, dim)
+        for hook in [self.position, self.multiplier, self.pattern] + self.biases:
+            if hook is not None and not hook.built:
+                hook.build(head_shape)
+
+    def init_cache(self, batch_size, max_length, dtype=None):
+        """A zero cache `[batch_size, 2, max_length, num_key_value_heads, head_dim]`."""
+        if self.head_dim is None:
+            raise ValueError(
+                "init_cache needs head_dim: pass head_dim to MultiHeadAttention or build it first."
+            )
+        shape = (batch_size, 2, max_length, self.num_key_value_heads, self.head_dim)
+        return ops.zeros(shape, dtype=dtype or self.compute_dtype)
+
+    def _check_width(self, arg, tensor, expected):
+        if expected is not None and tensor.shape[-1] is not None and tensor.shape[-1] != expected:
+            raise ValueError(
+                f"{arg} has width {tensor.shape[-1]}, but the layer was built for {expected}. "
+                f"Received: {arg}.shape={tuple(tensor.shape)}"
+            )
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=None,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        if len(query.shape) != 3:
+            raise ValueError(
+                f"query must have rank 3 [batch, length, dim]. Received: query.shape={tuple(query.shape)}"
+            )
+        self._check_width("query", query, self.query_dense.kernel.shape[0])
+        causal = self.causal if use_causal_mask is None else use_causal_mask
+        query_length = ops.shape(query)[1]
+        offset = 0 if cache_index is None else ops.cast(cache_index, "int32")
+        query_positions = ops.arange(query_length, dtype="int32") + offset
+
+        q = self.query_dense(query)
+        reuse_cache = cache is not None and cache_index is None and value is None
+        if reuse_cache:
+            k, v = cache[:, 0], cache[:, 1]
+        else:
+            value_input = query if value is None else value
+            key_input = value_input if key is None else key
+            self._check_width("value", value_input, self.value_dense.kernel.shape[0])
+            k = self.key_dense(key_input)
+            v = self.value_dense(value_input)
+        key_positions = ops.arange(ops.shape(k)[1], dtype="int32") + (
+            offset if value is None else 0
+        )
+        if self.position is not None:
+            if reuse_cache:
+                q = self.position.rotate(q, q, query_positions, query_positions)[0]
+            else:
+                q, k = self.position.rotate(q, k, query_positions, key_positions)
+
+        valid_keys = None
+        new_cache = None
+        if cache is not None and cache_index is not None:
+            update = ops.stack([k, ops.cast(v, k.dtype)], axis=1)
+            new_cache = ops.slice_update(cache, (0, 0, offset, 0, 0), ops.cast(update, cache.dtype))
+            k, v = new_cache[:, 0], new_cache[:, 1]
+            key_positions = ops.arange(ops.shape(k)[1], dtype="int32")
+            valid_keys = ops.less(key_positions, offset + query_length)[None, :]
+        elif cache is not None:
+            new_cache = cache if reuse_cache else ops.cast(ops.stack([k, v], axis=1), cache.dtype)
+
+        key_length = ops.shape(k)[1]
+        mask = merge_masks(
+            None if padding_mask is None else key_padding_to_attention_mask(padding_mask),
+            attention_mask,
+            causal_mask(query_length, key_length, offset) if causal else None,
+            valid_keys,
+            None if self.pattern is None else self.pattern(query_positions, key_positions),
+        )
+        bias = None
+        for hook in self.biases:
+            term = hook(q, k, query_positions, key_positions)
+            bias = term if bias is None else bias + term
+
+        use_dropout = bool(training) and self.dropout > 0
+        explicit = (
+            return_attention_scores
+            or self.multiplier is not None
+            or self._value_term_biases
+        )
+        weights = None
+        if not explicit:
+            outputs = scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                mask=mask,
+                bias=bias,
+                scale=self.scale,
+                dropout_rate=self.dropout,
+                training=use_dropout,
+                seed_generator=self.seed_generator,
+            )
+        else:
+            scores = attention_scores(q, k, self.scale)
+            if bias is not None:
+                scores = scores + ops.cast(bias, "float32")
+            if self.multiplier is not None:
+                multiplier = self.multiplier(q, k, query_positions, key_positions)
+                scores = scores * ops.cast(multiplier, "float32")
+            weights = masked_softmax(scores, mask)
+            attended = weights
+            if use_dropout:
+                attended = keras.random.dropout(weights, self.dropout, seed=self.seed_generator)
+            outputs = attend(attended, v)
+            for hook in self._value_term_biases:
+                term = hook.value_term(attended, v, query_positions, key_positions)
+                outputs = outputs + ops.cast(term, outputs.dtype)
+        outputs = self.output_dense(outputs)
+
+        results = (outputs,)
+        if return_attention_scores:
+            results += (weights,)
+        if cache is not None:
+            results += (new_cache,)
+        return results[0] if len(results) == 1 else results
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
+
+    def compute_output_spec(
+        self, query, value=None, key=None, cache=None, return_attention_scores=False, **kwargs
+    ):
+        outputs = keras.KerasTensor(
+            self.compute_output_shape(query.shape), dtype=self.compute_dtype
+        )
+        results = (outputs,)
+        if return_attention_scores:
+            if cache is not None:
+                key_length = cache.shape[2]
+            else:
+                key_length = (query if value is None else value).shape[1]
+            results += (
+                keras.KerasTensor(
+                    (query.shape[0], self.num_heads, query.shape[1], key_length), dtype="float32"
+                ),
+            )
+        if cache is not None:
+            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        return results[0] if len(results) == 1 else results
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "head_dim": self.head_dim,
+                "num_key_value_heads": self.num_key_value_heads,
+                "output_dim": self.output_dim,
+                "use_bias": self.use_bias,
+                "dropout": self.dropout,
+                "causal": self.causal,
+                "scale": self.scale,
+                "position": _serialize(self.position),
+                "biases": [_serialize(bias) for bias in self.biases],
+                "multiplier": _serialize(self.multiplier),
+                "pattern": _serialize(self.pattern),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,215 @@
+"""One Transformer layer: a sequence mixer, optional cross-attention and a feedforward (survey §2.1)."""
+
+import keras
+
+from keras_xf.layers.residual.residual import Residual
+from keras_xf.layers.residual.residual import validate_normalization
+
+
+def _layer(layer):
+    if layer is None or isinstance(layer, keras.layers.Layer):
+        return layer
+    return keras.saving.deserialize_keras_object(layer)
+
+
+def _new_specs(structure):
+    return keras.tree.map_structure(lambda t: keras.KerasTensor(t.shape, dtype=t.dtype), structure)
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class TransformerBlock(keras.layers.Layer):
+    """An encoder or decoder layer built from sub-layers, each wrapped in a `Residual`.
+
+    Encoder layer: `H' = Layer_ffn(Layer_self(H))`; decoder layer:
+    `S' = Layer_ffn(Layer_cross(H_enc, Layer_self(S)))` (survey §2.1, §2.6), where each
+    `Layer_F` is post-norm `LNorm(F(x) + x)` or pre-norm `F(LNorm(x)) + x` (§2.4).
+
+    Args:
+        mixer: a sequence mixer (e.g. `MultiHeadAttention`): any layer taking
+            `(inputs, padding_mask=, attention_mask=, use_causal_mask=, cache=, cache_index=)`.
+        feedforward: a `FeedForward` or another width-preserving layer.
+        cross_attention: optional `MultiHeadAttention` attending to `encoder_outputs`.
+        normalization: `"layer_norm"` or `"rms_norm"`.
+        norm_placement: `"post"` (survey default) or `"pre"`.
+        dropout: residual dropout rate.
+        epsilon: normalisation epsilon.
+        **kwargs: base `Layer` arguments.
+
+    Call arguments:
+        inputs: `[B, T, d]`.
+        padding_mask: boolean `[B, T]`.
+        attention_mask: boolean `[B, T, S]` for the mixer (with a cache, `S` is its length).
+        encoder_outputs: `[B, S_enc, d]` for cross-attention; with a cache, give it on the
+            first call to fill the cross-attention cache and leave it `None` afterwards.
+        encoder_padding_mask: boolean `[B, S_enc]`.
+        use_causal_mask: bool for the mixer (`None`: the mixer's own default).
+        cache, cache_index: see `init_cache`; the cache is the mixer's cache, or a tuple
+            `(mixer_cache, cross_attention_cache)` when the block has cross-attention.
+        training: bool.
+
+    Returns:
+        `[B, T, d]`, or `(outputs, new_cache)` when a cache is given.
+
+    Example:
+    >>> block = TransformerBlock(MultiHeadAttention(4), FeedForward(64), norm_placement="pre")
+    >>> y = block(keras.random.normal((2, 5, 16)), use_causal_mask=True)
+    """
+
+    def __init__(
+        self,
+        mixer,
+        feedforward,
+        cross_attention=None,
+        normalization="layer_norm",
+        norm_placement="post",
+        dropout=0.0,
+        epsilon=1e-5,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        validate_normalization(normalization, norm_placement, dropout)
+        mixer, feedforward = _layer(mixer), _layer(feedforward)
+        cross_attention = _layer(cross_attention)
+        if mixer is None or feedforward is None:
+            raise ValueError(
+                f"TransformerBlock needs a mixer and a feedforward. Received: mixer={mixer}, "
+                f"feedforward={feedforward}"
+            )
+        self.normalization = normalization
+        self.norm_placement = norm_placement
+        self.dropout = dropout
+        self.epsilon = epsilon
+
+        def residual(layer, name):
+            return Residual(
+                layer,
+                norm_placement=norm_placement,
+                normalization=normalization,
+                dropout=dropout,
+                epsilon=epsilon,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+
+        self.mixer_residual = residual(mixer, "mixer_residual")
+        self.cross_attention_residual = None
+        if cross_attention is not None:
+            self.cross_attention_residual = residual(cross_attention, "cross_attention_residual")
+        self.feedforward_residual = residual(feedforward, "feedforward_residual")
+
+    @property
+    def mixer(self):
+        return self.mixer_residual.layer
+
+    @property
+    def feedforward(self):
+        return self.feedforward_residual.layer
+
+    @property
+    def cross_attention(self):
+        residual = self.cross_attention_residual
+        return None if residual is None else residual.layer
+
+    def build(self, inputs_shape, encoder_outputs_shape=None):
+        if len(inputs_shape) != 3:
+            raise ValueError(
+                "TransformerBlock expects inputs of rank 3 [batch, length, dim]. "
+                f"Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        self.mixer_residual.build(inputs_shape)
+        if self.cross_attention is not None:
+            encoder_outputs_shape = encoder_outputs_shape or inputs_shape
+            if not self.cross_attention.built:
+                self.cross_attention.build(inputs_shape, encoder_outputs_shape)
+            self.cross_attention_residual.build(inputs_shape)
+        self.feedforward_residual.build(inputs_shape)
+
+    def init_cache(self, batch_size, max_length, dtype=None, encoder_length=None):
+        """The mixer's cache, paired with a cross-attention cache when there is one."""
+        cache = self.mixer.init_cache(batch_size, max_length, dtype)
+        if self.cross_attention is None:
+            return cache
+        if encoder_length is None:
+            raise ValueError("init_cache of a block with cross-attention needs encoder_length.")
+        return (cache, self.cross_attention.init_cache(batch_size, encoder_length, dtype))
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        encoder_outputs=None,
+        encoder_padding_mask=None,
+        use_causal_mask=None,
+        cache=None,
+        cache_index=None,
+        training=None,
+    ):
+        self_cache, cross_cache = cache, None
+        if cache is not None and self.cross_attention is not None:
+            self_cache, cross_cache = cache
+        outputs = self.mixer_residual(
+            inputs,
+            padding_mask=padding_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            cache=self_cache,
+            cache_index=cache_index,
+            training=training,
+        )
+        new_self_cache = None
+        if self_cache is not None:
+            outputs, new_self_cache = outputs
+
+        new_cross_cache = None
+        if self.cross_attention is not None:
+            if encoder_outputs is None and cross_cache is None:
+                raise ValueError(
+                    "This block has cross-attention: pass encoder_outputs (or a filled cache)."
+                )
+            outputs = self.cross_attention_residual(
+                outputs,
+                encoder_outputs,
+                padding_mask=encoder_padding_mask,
+                cache=cross_cache,
+                training=training,
+            )
+            if cross_cache is not None:
+                outputs, new_cross_cache = outputs
+        elif encoder_outputs is not None:
+            raise ValueError(
+                "encoder_outputs was given to a TransformerBlock without cross_attention."
+            )
+
+        outputs = self.feedforward_residual(outputs, training=training)
+        if cache is None:
+            return outputs
+        if self.cross_attention is None:
+            return outputs, new_self_cache
+        return outputs, (new_self_cache, new_cross_cache)
+
+    def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
+        return tuple(inputs_shape)
+
+    def compute_output_spec(self, inputs, *args, cache=None, **kwargs):
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if cache is None:
+            return outputs
+        return outputs, _new_specs(cache)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "mixer": keras.saving.serialize_keras_object(self.mixer),
+                "feedforward": keras.saving.serialize_keras_object(self.feedforward),
+                "cross_attention": None
+                if self.cross_attention is None
+                else keras.saving.serialize_keras_object(self.cross_attention),
+                "normalization": self.normalization,
+                "norm_placement": self.norm_placement,
+                "dropout": self.dropout,
+                "epsilon": self.epsilon,
+            }
+        )
+        return config

@@ -1,0 +1,77 @@
+"""Rotary position embeddings (RoPE): positions as rotations of queries and keys (survey §6)."""
+
+import keras
+from keras import ops
+
+from keras_xf.ops.positions import apply_rotary
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class RotaryEmbedding(keras.layers.Layer):
+    """Rotates each pair of head features by the angle `θ_{j,k} = j · base^{-2k/d_h}`.
+
+    Used as the `position=` plug point of `MultiHeadAttention`: `rotate(q, k, …)` rotates the
+    queries and keys by their positions so that `q_i · k_j` depends on `i − j` only. The head
+    dimension is split in halves (the GPT-NeoX / keras-hub layout). No weights.
+
+    Args:
+        max_wavelength: float, the base of the angles (10000 by default).
+        scaling_factor: float ≥ 1, positions are divided by it (position interpolation).
+        **kwargs: base `Layer` arguments.
+
+    Call arguments:
+        inputs: `[B, T, H, Dh]` with an even `Dh`.
+        positions: optional int tensor `[T]` or `[B, T]`.
+        start_index: position of the first token when `positions` is not given.
+
+    Returns:
+        The rotated `[B, T, H, Dh]` tensor.
+
+    Example:
+    >>> rope = RotaryEmbedding()
+    >>> q = rope(keras.random.normal((2, 8, 4, 16)))
+    """
+
+    def __init__(self, max_wavelength=10000.0, scaling_factor=1.0, **kwargs):
+        super().__init__(**kwargs)
+        if max_wavelength <= 1:
+            raise ValueError(
+                f"max_wavelength must be greater than 1. Received: max_wavelength={max_wavelength}"
+            )
+        if scaling_factor < 1:
+            raise ValueError(
+                f"scaling_factor must be at least 1. Received: scaling_factor={scaling_factor}"
+            )
+        self.max_wavelength = float(max_wavelength)
+        self.scaling_factor = float(scaling_factor)
+
+    def build(self, inputs_shape=None):
+        if inputs_shape is not None and inputs_shape[-1] is not None and inputs_shape[-1] % 2:
+            raise ValueError(
+                "RotaryEmbedding needs an even head dimension. "
+                f"Received: inputs_shape={tuple(inputs_shape)}"
+            )
+
+    def call(self, inputs, positions=None, start_index=0):
+        if positions is None:
+            positions = ops.arange(ops.shape(inputs)[1], dtype="int32") + ops.cast(
+                start_index, "int32"
+            )
+        return apply_rotary(inputs, positions, self.max_wavelength, self.scaling_factor)
+
+    def rotate(self, query, key, query_positions, key_positions):
+        """The `position=` hook: returns `(rotated query, rotated key)`."""
+        return (
+            apply_rotary(query, query_positions, self.max_wavelength, self.scaling_factor),
+            apply_rotary(key, key_positions, self.max_wavelength, self.scaling_factor),
+        )
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {"max_wavelength": self.max_wavelength, "scaling_factor": self.scaling_factor}
+        )
+        return config

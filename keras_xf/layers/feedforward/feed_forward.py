@@ -1,0 +1,127 @@
+"""Position-wise feed-forward network with ReLU, GELU, SiLU and gated (GLU) variants (survey §2.5)."""
+
+import keras
+from keras import ops
+
+ACTIVATIONS = ("relu", "gelu", "silu", "swiglu", "geglu")
+_GATED = {"swiglu": "silu", "geglu": "gelu"}
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class FeedForward(keras.layers.Layer):
+    """`FFN(H) = σ(H W_h + b_h) W_f + b_f` (survey §2.5), or its gated form.
+
+    With `activation="swiglu"` / `"geglu"` the hidden layer is the gated linear unit
+    `σ(H W_g + b_g) ⊙ (H W_h + b_h)` with `σ` = SiLU / GELU, which adds a third matrix.
+
+    Args:
+        hidden_dim: int, `d_ffn` (commonly `4d`).
+        activation: one of `"relu"` (default, as in the survey), `"gelu"`, `"silu"`,
+            `"swiglu"`, `"geglu"`.
+        use_bias: bool, biases in the projections.
+        dropout: float in [0, 1), dropout on the hidden layer.
+        output_dim: int, output width; defaults to the input width.
+        kernel_initializer, bias_initializer: initializers.
+        **kwargs: base `Layer` arguments.
+
+    Call arguments:
+        inputs: `[..., d]`.
+        training: bool.
+
+    Returns:
+        `[..., output_dim]`.
+
+    Example:
+    >>> ffn = FeedForward(hidden_dim=64, activation="swiglu")
+    >>> y = ffn(keras.random.normal((2, 5, 16)))  # (2, 5, 16)
+    """
+
+    def __init__(
+        self,
+        hidden_dim,
+        activation="relu",
+        use_bias=True,
+        dropout=0.0,
+        output_dim=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(hidden_dim, int) or hidden_dim <= 0:
+            raise ValueError(f"hidden_dim must be a positive int. Received: hidden_dim={hidden_dim}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {ACTIVATIONS}. Received: activation={activation!r}"
+            )
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+        if output_dim is not None and (not isinstance(output_dim, int) or output_dim <= 0):
+            raise ValueError(f"output_dim must be a positive int. Received: output_dim={output_dim}")
+        self.hidden_dim = hidden_dim
+        self.activation = activation
+        self.use_bias = use_bias
+        self.dropout = dropout
+        self.output_dim = output_dim
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def _dense(self, units, name):
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, inputs_shape):
+        width = inputs_shape[-1]
+        if width is None:
+            raise ValueError(
+                f"FeedForward needs a known last dimension. Received: inputs_shape={inputs_shape}"
+            )
+        self.hidden_dense = self._dense(self.hidden_dim, "hidden")
+        self.hidden_dense.build(inputs_shape)
+        self.gate_dense = None
+        if self.activation in _GATED:
+            self.gate_dense = self._dense(self.hidden_dim, "gate")
+            self.gate_dense.build(inputs_shape)
+        self.output_dense = self._dense(self.output_dim or width, "output")
+        self.output_dense.build(tuple(inputs_shape[:-1]) + (self.hidden_dim,))
+
+    def call(self, inputs, training=None):
+        expected = self.hidden_dense.kernel.shape[0]
+        if inputs.shape[-1] is not None and inputs.shape[-1] != expected:
+            raise ValueError(
+                f"FeedForward was built for width {expected}. Received: inputs.shape="
+                f"{tuple(inputs.shape)}"
+            )
+        hidden = self.hidden_dense(inputs)
+        if self.gate_dense is not None:
+            gate = getattr(keras.activations, _GATED[self.activation])(self.gate_dense(inputs))
+            hidden = gate * hidden
+        else:
+            hidden = getattr(keras.activations, self.activation)(hidden)
+        hidden = self.dropout_layer(hidden, training=training)
+        return self.output_dense(hidden)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape[:-1]) + (self.output_dim or inputs_shape[-1],)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "hidden_dim": self.hidden_dim,
+                "activation": self.activation,
+                "use_bias": self.use_bias,
+                "dropout": self.dropout,
+                "output_dim": self.output_dim,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,17 @@
+"""Pure functions over `keras.ops`: attention, masks and positions. No state, no layers."""
+
+from keras_xf.ops.attention import attend
+from keras_xf.ops.attention import attention_scores
+from keras_xf.ops.attention import lowest_value
+from keras_xf.ops.attention import masked_softmax
+from keras_xf.ops.attention import repeat_kv_heads
+from keras_xf.ops.attention import scaled_dot_product_attention
+from keras_xf.ops.masks import causal_mask
+from keras_xf.ops.masks import expand_attention_mask
+from keras_xf.ops.masks import key_padding_to_attention_mask
+from keras_xf.ops.masks import merge_masks
+from keras_xf.ops.masks import padding_mask
+from keras_xf.ops.positions import apply_rotary
+from keras_xf.ops.positions import rotary_angles
+from keras_xf.ops.positions import sinusoid_inverse_frequencies
+from keras_xf.ops.positions import sinusoid_table

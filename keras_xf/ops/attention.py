@@ -1,0 +1,167 @@
+"""Scaled dot-product attention and the float32 masked softmax (survey §2.3, §2.6).
+
+Tensors follow the `keras.ops` layout: queries `[B, T, H, Dh]`, keys and values
+`[B, S, Hkv, Dh]` with `H` a multiple of `Hkv` (multi-query and grouped-query attention,
+survey §5.4). Masks are boolean and broadcastable to `[B, H, T, S]`, `True` meaning "attend".
+"""
+
+import keras
+from keras import ops
+
+from keras_xf.ops.masks import causal_mask
+from keras_xf.ops.masks import merge_masks
+
+_LOWEST = {
+    "float16": -65504.0,
+    "bfloat16": -3.3895313892515355e38,
+    "float32": -3.4028234663852886e38,
+    "float64": -3.4028234663852886e38,
+}
+
+
+def lowest_value(dtype):
+    """The most negative finite value of a floating `dtype` (float32's for float64)."""
+    return _LOWEST[keras.backend.standardize_dtype(dtype)]
+
+
+def masked_softmax(scores, mask=None, axis=-1):
+    """Softmax in float32 over `axis`, with masked entries given zero weight.
+
+    `α = Softmax(scores + M)` with `M(i, j) = -inf` where the mask is `False` (survey §2.6),
+    computed without infinities: masked scores are replaced by the most negative finite
+    float32 value, and a row whose entries are all masked gives all zeros, never NaN.
+
+    Args:
+        scores: float tensor of any float dtype.
+        mask: optional boolean tensor broadcastable to `scores`, `True` = keep.
+        axis: the axis to normalise.
+
+    Returns:
+        float32 tensor with the shape of `scores`.
+
+    Example:
+    >>> masked_softmax(np.array([[0.0, 1.0]]), np.array([[True, False]]))  # [[1., 0.]]
+    """
+    scores = ops.cast(scores, "float32")
+    if mask is None:
+        return ops.softmax(scores, axis=axis)
+    mask = ops.cast(mask, "bool")
+    weights = ops.softmax(ops.where(mask, scores, lowest_value("float32")), axis=axis)
+    return ops.where(mask, weights, ops.zeros_like(weights))
+
+
+def repeat_kv_heads(tensor, num_heads):
+    """Repeats `[B, S, Hkv, Dh]` key/value heads so that they match `num_heads` query heads."""
+    kv_heads = tensor.shape[2]
+    if kv_heads == num_heads:
+        return tensor
+    return ops.repeat(tensor, num_heads // kv_heads, axis=2)
+
+
+def attention_scores(query, key, scale=None):
+    """`q·kᵀ · scale` as float32 `[B, H, T, S]`; `scale` defaults to `1/√Dh` (survey §2.3)."""
+    if scale is None:
+        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    key = repeat_kv_heads(key, query.shape[2])
+    scores = ops.einsum("bthd,bshd->bhts", query, key)
+    return ops.cast(scores, "float32") * scale
+
+
+def attend(weights, value):
+    """`α·v`: weights `[B, H, T, S]` and values `[B, S, Hkv, Dh]` give `[B, T, H, Dh]`."""
+    value = repeat_kv_heads(value, weights.shape[1])
+    return ops.einsum("bhts,bshd->bthd", ops.cast(weights, value.dtype), value)
+
+
+def _fused_attention(query, key, value, mask, bias, scale):
+    """`keras.ops.dot_product_attention`, with fully masked rows giving zero outputs."""
+    row_valid = None
+    if mask is not None:
+        # A row without any valid key gives NaN (PyTorch) or a uniform average (JAX, TF) in
+        # the fused kernels. Such rows attend everywhere instead; their outputs are zeroed.
+        row_valid = ops.any(mask, axis=-1, keepdims=True)  # [B|1, H|1, T, 1]
+        mask = ops.logical_or(mask, ops.logical_not(row_valid))
+    if bias is not None:
+        bias = ops.cast(bias, query.dtype)
+        if mask is not None:
+            # PyTorch's kernel takes a bias or a mask, not both: fold the mask into the bias.
+            bias = ops.where(mask, bias, lowest_value(query.dtype))
+            mask = None
+    outputs = ops.dot_product_attention(
+        query, key, value, bias=bias, mask=mask, scale=scale, flash_attention=False
+    )
+    if row_valid is not None:
+        row_valid = ops.transpose(row_valid, (0, 2, 1, 3))  # [B|1, T, H|1, 1]
+        outputs = ops.where(row_valid, outputs, ops.zeros_like(outputs))
+    return outputs
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    *,
+    mask=None,
+    bias=None,
+    scale=None,
+    is_causal=False,
+    dropout_rate=0.0,
+    training=False,
+    return_weights=False,
+    seed_generator=None,
+):
+    """`Att_qkv(Q, K, V) = Softmax(Q·Kᵀ/√d_h + bias, masked) · V` (survey §2.3, §2.6).
+
+    When only a boolean mask and/or an additive bias are needed (no weights returned, no
+    dropout in training) the fused `keras.ops.dot_product_attention` kernel is used;
+    otherwise the explicit path computes float32 scores and `masked_softmax`. Both paths give
+    the same numbers, including zeros for queries whose keys are all masked.
+
+    Args:
+        query: `[B, T, H, Dh]`.
+        key: `[B, S, Hkv, Dh]`, `H % Hkv == 0`.
+        value: `[B, S, Hkv, Dh]`.
+        mask: optional boolean mask, rank 2 `[T, S]`, 3 `[B, T, S]` or 4 `[B, H, T, S]`.
+        bias: optional additive bias broadcastable to `[B, H, T, S]`.
+        scale: score scale; defaults to `1/√Dh`.
+        is_causal: also apply the causal mask `j <= i` (survey §2.6).
+        dropout_rate: dropout on the attention weights, applied when `training`.
+        training: Python bool.
+        return_weights: also return the `[B, H, T, S]` float32 attention weights.
+        seed_generator: a `keras.random.SeedGenerator` for dropout.
+
+    Returns:
+        `[B, T, H, Dh]` outputs, and the weights when `return_weights`.
+
+    Example:
+    >>> q = k = v = keras.random.normal((2, 5, 4, 8))
+    >>> scaled_dot_product_attention(q, k, v, is_causal=True).shape  # (2, 5, 4, 8)
+    """
+    if dropout_rate < 0 or dropout_rate >= 1:
+        raise ValueError(f"dropout_rate must be in [0, 1). Received: dropout_rate={dropout_rate}")
+    if query.shape[2] % key.shape[2] != 0:
+        raise ValueError(
+            "The number of query heads must be a multiple of the number of key/value heads. "
+            f"Received: query heads={query.shape[2]}, key/value heads={key.shape[2]}"
+        )
+    if is_causal:
+        mask = merge_masks(mask, causal_mask(ops.shape(query)[1], ops.shape(key)[1]))
+    elif mask is not None:
+        mask = merge_masks(mask)
+    use_dropout = bool(training) and dropout_rate > 0
+    if scale is None:
+        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    if not return_weights and not use_dropout:
+        return _fused_attention(query, key, value, mask, bias, scale)
+
+    scores = attention_scores(query, key, scale)
+    if bias is not None:
+        scores = scores + ops.cast(bias, "float32")
+    weights = masked_softmax(scores, mask)
+    attended = weights
+    if use_dropout:
+        attended = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
+    outputs = attend(attended, value)
+    if return_weights:
+        return outputs, weights
+    return outputs

@@ -1,0 +1,82 @@
+"""Boolean attention masks: causal, padding, and their merge (survey §2.6, §2.7).
+
+All masks are boolean with `True` meaning "may attend". They are merged once into a single
+mask broadcastable to `[batch, heads, query_length, key_length]`; they are never turned into
+`-inf` arithmetic (see `masked_softmax`).
+"""
+
+from keras import ops
+
+
+def causal_mask(query_length, key_length=None, offset=0):
+    """Lower-triangular mask `M(i, j) = j <= i + offset` (survey §2.6).
+
+    Query `i` sits at absolute position `offset + i` and may attend to every key at a
+    position not after it. With a KV cache, `offset` is the cache index.
+
+    Args:
+        query_length: int, number of queries `T`.
+        key_length: int, number of keys `S`; defaults to `query_length`.
+        offset: int or scalar tensor, absolute position of the first query.
+
+    Returns:
+        Boolean tensor `[T, S]`.
+
+    Example:
+    >>> causal_mask(3)  # [[T, F, F], [T, T, F], [T, T, T]]
+    """
+    key_length = query_length if key_length is None else key_length
+    query_positions = ops.arange(query_length, dtype="int32") + ops.cast(offset, "int32")
+    key_positions = ops.arange(key_length, dtype="int32")
+    return ops.greater_equal(query_positions[:, None], key_positions[None, :])
+
+
+def padding_mask(token_ids, pad_token_id=0):
+    """Marks real tokens: `True` where `token_ids != pad_token_id` (survey §2.7).
+
+    Args:
+        token_ids: integer tensor `[batch, length]`.
+        pad_token_id: int, the padding id.
+
+    Returns:
+        Boolean tensor `[batch, length]`.
+    """
+    return ops.not_equal(token_ids, pad_token_id)
+
+
+def key_padding_to_attention_mask(key_padding_mask):
+    """Turns a key padding mask `[B, S]` into an attention mask `[B, 1, 1, S]`."""
+    return ops.cast(key_padding_mask, "bool")[:, None, None, :]
+
+
+def expand_attention_mask(mask):
+    """Brings a mask of rank 2 (`[T, S]`), 3 (`[B, T, S]`) or 4 to rank 4 `[B|1, H|1, T, S]`."""
+    mask = ops.cast(mask, "bool")
+    rank = len(mask.shape)
+    if rank == 2:
+        return mask[None, None, :, :]
+    if rank == 3:
+        return mask[:, None, :, :]
+    if rank == 4:
+        return mask
+    raise ValueError(
+        "An attention mask must have rank 2 ([T, S]), 3 ([B, T, S]) or 4 ([B, H, T, S]). "
+        f"Received: mask with shape {tuple(mask.shape)}"
+    )
+
+
+def merge_masks(*masks):
+    """Logical AND of boolean masks, each brought to rank 4; `None` entries are skipped.
+
+    Each mask may be rank 2 `[T, S]`, rank 3 `[B, T, S]` or rank 4 `[B, H, T, S]`.
+
+    Returns:
+        A boolean tensor broadcastable to `[B, H, T, S]`, or `None` when every input is `None`.
+    """
+    merged = None
+    for mask in masks:
+        if mask is None:
+            continue
+        mask = expand_attention_mask(mask)
+        merged = mask if merged is None else ops.logical_and(merged, mask)
+    return merged
