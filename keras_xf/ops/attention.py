@@ -87,6 +87,9 @@ def _fused_attention(query, key, value, mask, bias, scale):
             # PyTorch's kernel takes a bias or a mask, not both: fold the mask into the bias.
             bias = ops.where(mask, bias, lowest_value(query.dtype))
             mask = None
+    if key.shape[2] == 1 and query.shape[2] > 1:
+        # Keras's TensorFlow kernel mis-shapes a single key/value head (multi-query attention).
+        key, value = repeat_kv_heads(key, query.shape[2]), repeat_kv_heads(value, query.shape[2])
     outputs = ops.dot_product_attention(
         query, key, value, bias=bias, mask=mask, scale=scale, flash_attention=False
     )

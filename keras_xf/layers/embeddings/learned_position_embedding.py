@@ -1,5 +1,7 @@
 """Learned absolute position embeddings (survey §2.2)."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -30,11 +32,16 @@ class LearnedPositionEmbedding(keras.layers.Layer):
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(sequence_length, int) or sequence_length <= 0:
+        if (
+            isinstance(sequence_length, bool)
+            or not isinstance(sequence_length, numbers.Integral)
+            or sequence_length <= 0
+        ):
             raise ValueError(
-                f"sequence_length must be a positive int. Received: sequence_length={sequence_length}"
+                "sequence_length must be a positive int. "
+                f"Received: sequence_length={sequence_length!r}"
             )
-        self.sequence_length = sequence_length
+        self.sequence_length = int(sequence_length)
         self.initializer = keras.initializers.get(initializer)
 
     def _check_length(self, length, start_index=0):

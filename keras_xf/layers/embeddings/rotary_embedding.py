@@ -45,12 +45,16 @@ class RotaryEmbedding(keras.layers.Layer):
         self.max_wavelength = float(max_wavelength)
         self.scaling_factor = float(scaling_factor)
 
-    def build(self, inputs_shape=None):
+    @staticmethod
+    def _check_head_dim(inputs_shape, name="inputs_shape"):
         if inputs_shape is not None and inputs_shape[-1] is not None and inputs_shape[-1] % 2:
             raise ValueError(
                 "RotaryEmbedding needs an even head dimension. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
+                f"Received: head_dim={inputs_shape[-1]} ({name}={tuple(inputs_shape)})"
             )
+
+    def build(self, inputs_shape=None):
+        self._check_head_dim(inputs_shape)
 
     def call(self, inputs, positions=None, start_index=0):
         if positions is None:
@@ -61,6 +65,8 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def rotate(self, query, key, query_positions, key_positions):
         """The `position=` hook: returns `(rotated query, rotated key)`."""
+        self._check_head_dim(tuple(query.shape), "query_shape")
+        self._check_head_dim(tuple(key.shape), "key_shape")
         return (
             apply_rotary(query, query_positions, self.max_wavelength, self.scaling_factor),
             apply_rotary(key, key_positions, self.max_wavelength, self.scaling_factor),

@@ -1,5 +1,7 @@
 """Token embedding with an optional √d scale and a tied reverse projection (survey §2.1, §5.4)."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -42,8 +44,9 @@ class TokenEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         for arg, value in (("vocabulary_size", vocabulary_size), ("embedding_dim", embedding_dim)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{arg} must be a positive int. Received: {arg}={value}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+                raise ValueError(f"{arg} must be a positive int. Received: {arg}={value!r}")
+        vocabulary_size, embedding_dim = int(vocabulary_size), int(embedding_dim)
         super().__init__(**kwargs)
         self.vocabulary_size = vocabulary_size
         self.embedding_dim = embedding_dim

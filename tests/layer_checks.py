@@ -1,0 +1,123 @@
+"""Behaviour checks shared by every layer's tests: config, weights, fit, saving, precision, XLA.
+
+Each check takes a `make_layer(**kwargs)` factory and concrete numpy inputs so that the same
+check runs unchanged on TensorFlow, JAX and PyTorch.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+BACKEND = keras.config.backend()
+
+xla_only = pytest.mark.skipif(
+    BACKEND not in ("tensorflow", "jax"),
+    reason="XLA compilation (jit_compile=True) exists in Keras for TensorFlow and JAX only; "
+    "on PyTorch Keras maps jit_compile to torch.compile, which is not XLA",
+)
+
+
+def to_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def wrap_in_model(layer, inputs, call_kwargs=None):
+    """A functional model `inputs -> layer(*inputs, **call_kwargs)`.
+
+    `inputs` is a list of numpy arrays (positional inputs); a dict entry in `call_kwargs`
+    whose value is a numpy array becomes a named model input too.
+    """
+    call_kwargs = dict(call_kwargs or {})
+    symbolic = [
+        keras.Input(shape=x.shape[1:], dtype=str(x.dtype), name=f"input_{i}")
+        for i, x in enumerate(inputs)
+    ]
+    named = {}
+    for key, value in list(call_kwargs.items()):
+        if isinstance(value, np.ndarray):
+            named[key] = keras.Input(shape=value.shape[1:], dtype=str(value.dtype), name=key)
+            call_kwargs[key] = named[key]
+    outputs = layer(*symbolic, **call_kwargs)
+    model = keras.Model(symbolic + list(named.values()), outputs)
+    return model
+
+
+def model_inputs(inputs, call_kwargs=None):
+    arrays = list(inputs)
+    arrays += [v for v in (call_kwargs or {}).values() if isinstance(v, np.ndarray)]
+    return arrays
+
+
+def check_config_round_trip(layer):
+    """`from_config(get_config())` rebuilds a layer with the same config, through JSON."""
+    config = layer.get_config()
+    serialized = keras.saving.serialize_keras_object(layer)
+    clone = keras.saving.deserialize_keras_object(serialized)
+    assert type(clone) is type(layer)
+    assert clone.get_config() == config
+    clone = layer.__class__.from_config(config)
+    assert clone.get_config() == config
+    return clone
+
+
+def check_fit_step(model, inputs, learning_rate=0.1):
+    """One SGD step of `fit` on an MSE loss changes the weights and gives a finite loss."""
+    outputs = model.predict(inputs, verbose=0)
+    targets = keras.tree.map_structure(lambda o: np.zeros_like(o, dtype="float32") + 0.5, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="mse")
+    before = [to_numpy(w).copy() for w in model.trainable_weights]
+    history = model.fit(inputs, targets, epochs=1, batch_size=len(inputs[0]), verbose=0)
+    loss = history.history["loss"][-1]
+    assert np.isfinite(loss)
+    after = [to_numpy(w) for w in model.trainable_weights]
+    assert any(not np.allclose(b, a) for b, a in zip(before, after)), "fit changed no weight"
+    return loss
+
+
+def check_saving(model, inputs, tmp_path, atol=1e-6):
+    """A `.keras` round trip (loaded with safe_mode=True) gives identical outputs."""
+    path = str(tmp_path / "model.keras")
+    expected = model.predict(inputs, verbose=0)
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    actual = loaded.predict(inputs, verbose=0)
+    keras.tree.map_structure(
+        lambda e, a: np.testing.assert_allclose(a, e, atol=atol, rtol=1e-5), expected, actual
+    )
+    return loaded
+
+
+def check_mixed_precision(make_layer, inputs, call_kwargs=None, policy="mixed_float16"):
+    """Under a mixed policy the layer computes in half precision, keeps float32 variables,
+    and gives finite outputs."""
+    layer = make_layer(dtype=policy)
+    outputs = layer(*inputs, **(call_kwargs or {}))
+    compute_dtype = keras.DTypePolicy(policy).compute_dtype
+    first = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+    assert keras.backend.standardize_dtype(first.dtype) in (compute_dtype, "float32")
+    for variable in layer.weights:
+        assert keras.backend.standardize_dtype(variable.dtype) == "float32", variable.path
+    for sub in layer._flatten_layers(include_self=False):
+        if sub.weights:
+            assert sub.dtype_policy.name == policy, (sub.name, sub.dtype_policy.name)
+    for out in keras.tree.flatten(outputs):
+        assert np.all(np.isfinite(to_numpy(out).astype("float32")))
+    return outputs
+
+
+def check_jit_compile(model, inputs):
+    """Prediction and one training step compile under XLA and match eager prediction."""
+    expected = model.predict(inputs, verbose=0)
+    outputs = model.predict(inputs, verbose=0)
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    compiled = model.predict(inputs, verbose=0)
+    keras.tree.map_structure(
+        lambda e, a: np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-4), expected, compiled
+    )
+    targets = keras.tree.map_structure(np.zeros_like, outputs)
+    history = model.fit(inputs, targets, epochs=1, batch_size=len(inputs[0]), verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
+
+
+def count_params(layer):
+    return int(sum(np.prod(w.shape) for w in layer.weights))

@@ -1,0 +1,43 @@
+import numpy as np
+import pytest
+
+from keras_xf import ops as xops
+from tests.layer_checks import to_numpy
+from tests.reference import attention as ref
+
+
+@pytest.mark.parametrize("query_length,key_length,offset", [(4, None, 0), (3, 6, 2), (1, 5, 4)])
+def test_causal_mask_matches_reference(query_length, key_length, offset):
+    mask = to_numpy(xops.causal_mask(query_length, key_length, offset))
+    np.testing.assert_array_equal(mask, ref.causal_mask(query_length, key_length, offset))
+
+
+def test_causal_mask_of_survey_example_is_lower_triangular():
+    mask = to_numpy(xops.causal_mask(4))
+    np.testing.assert_array_equal(mask, np.tril(np.ones((4, 4), bool)))
+
+
+def test_padding_mask_marks_real_tokens():
+    ids = np.array([[5, 3, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(
+        to_numpy(xops.padding_mask(ids)), [[True, True, False, False], [False] * 4]
+    )
+    np.testing.assert_array_equal(to_numpy(xops.padding_mask(ids, pad_token_id=3))[0], [1, 0, 1, 1])
+
+
+def test_merge_masks_broadcasts_every_rank_and_skips_none():
+    causal = np.tril(np.ones((3, 3), bool))  # [T, S]
+    batch = np.ones((2, 3, 3), bool)
+    batch[1, :, 0] = False  # [B, T, S]
+    heads = np.ones((1, 2, 3, 3), bool)
+    heads[0, 1, 2, :] = False  # [B, H, T, S]
+    merged = to_numpy(xops.merge_masks(None, causal, batch, heads))
+    expected = causal[None, None] & batch[:, None] & heads
+    assert merged.shape == (2, 2, 3, 3)
+    np.testing.assert_array_equal(merged, expected)
+    assert xops.merge_masks(None, None) is None
+
+
+def test_merge_masks_rejects_bad_rank():
+    with pytest.raises(ValueError, match="rank"):
+        xops.merge_masks(np.ones((3,), bool))
