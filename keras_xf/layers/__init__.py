@@ -6,6 +6,7 @@ from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.learned_position_embedding import LearnedPositionEmbedding
 from keras_xf.layers.embeddings.rotary_embedding import RotaryEmbedding
 from keras_xf.layers.embeddings.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
 from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.layers.heads.classification_head import ClassificationHead

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.cloning import clone_layer
 from keras_xf.ops.attention import attend
 from keras_xf.ops.attention import attention_scores
 from keras_xf.ops.attention import masked_softmax
@@ -15,7 +17,7 @@ from keras_xf.ops.masks import merge_masks
 def _deserialize(layer):
     if layer is None or isinstance(layer, keras.layers.Layer):
         return layer
-    return keras.saving.deserialize_keras_object(layer)
+    return clone_layer(layer)
 
 
 def _serialize(layer):
@@ -141,8 +143,8 @@ class MultiHeadAttention(keras.layers.Layer):
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )

@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_xf.layers.cloning import clone_layer
+from keras_xf.layers.cloning import with_dtype_policy
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.residual.residual import validate_normalization
 
@@ -9,7 +11,7 @@ from keras_xf.layers.residual.residual import validate_normalization
 def _layer(layer):
     if layer is None or isinstance(layer, keras.layers.Layer):
         return layer
-    return keras.saving.deserialize_keras_object(layer)
+    return clone_layer(layer)
 
 
 def _new_specs(structure):
@@ -68,13 +70,16 @@ class TransformerBlock(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         validate_normalization(normalization, norm_placement, dropout)
-        mixer, feedforward = _layer(mixer), _layer(feedforward)
-        cross_attention = _layer(cross_attention)
         if mixer is None or feedforward is None:
             raise ValueError(
                 f"TransformerBlock needs a mixer and a feedforward. Received: mixer={mixer}, "
                 f"feedforward={feedforward}"
             )
+        # A dtype given to the block reaches the (unbuilt) sub-layers it was given.
+        policy = self.dtype_policy if kwargs.get("dtype") is not None else None
+        mixer = with_dtype_policy(_layer(mixer), policy)
+        feedforward = with_dtype_policy(_layer(feedforward), policy)
+        cross_attention = with_dtype_policy(_layer(cross_attention), policy)
         self.normalization = normalization
         self.norm_placement = norm_placement
         self.dropout = dropout

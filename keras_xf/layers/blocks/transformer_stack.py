@@ -3,6 +3,8 @@
 import keras
 
 from keras_xf.layers.blocks.transformer_block import _new_specs
+from keras_xf.layers.cloning import clone_layer
+from keras_xf.layers.cloning import serialize_layer
 from keras_xf.layers.residual.residual import make_normalization
 
 
@@ -37,19 +39,15 @@ class TransformerStack(keras.layers.Layer):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"num_layers must be a positive int. Received: num_layers={num_layers}")
-        if isinstance(block, keras.layers.Layer):
-            block = keras.saving.serialize_keras_object(block)
-        self._block_config = block
-        template = keras.saving.deserialize_keras_object(block)
+        self._block_config = serialize_layer(block)
+        template = clone_layer(self._block_config)
         self.num_layers = num_layers
         norm_placement = getattr(template, "norm_placement", "post")
         self.final_norm = norm_placement == "pre" if final_norm is None else bool(final_norm)
         self.blocks = []
+        dtype = keras.dtype_policies.serialize(self.dtype_policy)
         for index in range(num_layers):
-            config = dict(template.get_config())
-            config["name"] = f"block_{index}"
-            config["dtype"] = self.dtype_policy
-            self.blocks.append(template.__class__.from_config(config))
+            self.blocks.append(clone_layer(self._block_config, name=f"block_{index}", dtype=dtype))
         self.output_norm = None
         if self.final_norm:
             self.output_norm = make_normalization(

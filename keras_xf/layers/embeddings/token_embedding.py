@@ -5,6 +5,8 @@ import numbers
 import keras
 from keras import ops
 
+from keras_xf.layers.cloning import clone_initializer
+
 
 @keras.saving.register_keras_serializable(package="keras_xf")
 class TokenEmbedding(keras.layers.Layer):
@@ -64,7 +66,7 @@ class TokenEmbedding(keras.layers.Layer):
             self.reverse_embeddings = self.add_weight(
                 name="reverse_embeddings",
                 shape=(self.embedding_dim, self.vocabulary_size),
-                initializer=self.embeddings_initializer,
+                initializer=clone_initializer(self.embeddings_initializer),
             )
 
     def call(self, inputs, reverse=False):

@@ -7,6 +7,10 @@ ACTIVATIONS = ("relu", "gelu", "silu", "swiglu", "geglu")
 _GATED = {"swiglu": "silu", "geglu": "gelu"}
 
 
+def _clone_initializer(initializer):
+    return initializer.__class__.from_config(initializer.get_config())
+
+
 @keras.saving.register_keras_serializable(package="keras_xf")
 class FeedForward(keras.layers.Layer):
     """`FFN(H) = σ(H W_h + b_h) W_f + b_f` (survey §2.5), or its gated form.
@@ -68,11 +72,13 @@ class FeedForward(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
     def _dense(self, units, name):
+        # A fresh initializer per projection: an unseeded Keras initializer instance draws its
+        # seed once, so sharing it would give the gate and hidden kernels identical values.
         return keras.layers.Dense(
             units,
             use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=_clone_initializer(self.kernel_initializer),
+            bias_initializer=_clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )

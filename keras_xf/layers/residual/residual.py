@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_xf.layers.cloning import clone_layer
+
 NORM_PLACEMENTS = ("post", "pre")
 NORMALIZATIONS = ("layer_norm", "rms_norm")
 
@@ -72,7 +74,7 @@ class Residual(keras.layers.Layer):
         super().__init__(**kwargs)
         validate_normalization(normalization, norm_placement, dropout)
         if not isinstance(layer, keras.layers.Layer):
-            layer = keras.saving.deserialize_keras_object(layer)
+            layer = clone_layer(layer)
         self.layer = layer
         self.norm_placement = norm_placement
         self.normalization = normalization
@@ -81,10 +83,14 @@ class Residual(keras.layers.Layer):
         self.norm = make_normalization(normalization, epsilon, self.dtype_policy, "norm")
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
-    def build(self, inputs_shape):
+    def build(self, inputs_shape, context_shape=None):
         self.norm.build(inputs_shape)
         if not self.layer.built:
-            self.layer.build(inputs_shape)
+            if context_shape is None:
+                self.layer.build(inputs_shape)
+            else:
+                # Cross-attention: the keys and values come from a context of its own width.
+                self.layer.build(inputs_shape, context_shape)
 
     def call(
         self,

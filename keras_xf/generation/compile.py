@@ -1,0 +1,58 @@
+"""Compiling a whole decoding loop once per shape: XLA on TensorFlow and JAX, eager on PyTorch.
+
+This is the one module of keras_xf that talks to the backends directly, as keras-hub's
+generation does: `keras.ops` has no portable "compile this function" call. The loop body
+itself is written with `keras.ops` (including `keras.ops.while_loop`).
+"""
+
+import keras
+
+
+def compile_generate_function(model, function, sampler):
+    """Returns `f(*tensors)` running `function(*tensors)` compiled for the backend.
+
+    TensorFlow: `tf.function(jit_compile=True)`; JAX: `jax.jit` over the model and sampler
+    state (a stateless call, so the variables are inputs rather than constants); PyTorch:
+    the eager function under `torch.no_grad()`. Shapes that were seen before reuse the
+    compiled program.
+    """
+    backend = keras.config.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(function, jit_compile=True, reduce_retracing=True)
+    if backend == "jax":
+        import jax
+
+        sampler_variables = list(sampler.variables)
+        model_variables = list(model.variables)
+
+        @jax.jit
+        def stateless(sampler_state, model_state, *args):
+            mapping = list(zip(sampler_variables, sampler_state)) + list(
+                zip(model_variables, model_state)
+            )
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                outputs = function(*args)
+            new_sampler_state = [scope.get_current_value(v) for v in sampler_variables]
+            return outputs, new_sampler_state
+
+        def run(*args):
+            outputs, new_state = stateless(
+                [v.value for v in sampler_variables], [v.value for v in model_variables], *args
+            )
+            for variable, value in zip(sampler_variables, new_state):
+                if value is not None:
+                    variable.assign(value)
+            return outputs
+
+        return run
+    if backend == "torch":
+        import torch
+
+        def run(*args):
+            with torch.no_grad():
+                return function(*args)
+
+        return run
+    return function

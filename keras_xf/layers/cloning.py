@@ -1,0 +1,47 @@
+"""Fresh copies of layers from their configs (used by stacks, blocks and model builders)."""
+
+import copy
+
+import keras
+
+
+def _strip_shared_ids(config):
+    """Drops Keras's `shared_object_id` markers, so that deserialising makes new objects
+    instead of reusing ones seen before in the same saving or loading scope."""
+    if isinstance(config, dict):
+        return {k: _strip_shared_ids(v) for k, v in config.items() if k != "shared_object_id"}
+    if isinstance(config, list):
+        return [_strip_shared_ids(v) for v in config]
+    return config
+
+
+def serialize_layer(layer):
+    """A serialised config of `layer` (a layer or an already serialised dict), as a copy."""
+    if isinstance(layer, keras.layers.Layer):
+        layer = keras.saving.serialize_keras_object(layer)
+    return _strip_shared_ids(copy.deepcopy(layer))
+
+
+def clone_layer(layer, **config_overrides):
+    """A new, unbuilt layer with the config of `layer` (a layer or a serialised dict), with
+    `config_overrides` applied to its top-level config."""
+    serialized = serialize_layer(layer)
+    serialized["config"] = dict(serialized["config"], **config_overrides)
+    return keras.saving.deserialize_keras_object(serialized)
+
+
+def with_dtype_policy(layer, policy):
+    """`layer` itself when it already uses `policy` (or is built); else an unbuilt copy that
+    uses it. Lets a block's `dtype` reach the sub-layers it was given."""
+    if layer is None or policy is None or layer.built:
+        return layer
+    if layer.dtype_policy.name == policy.name:
+        return layer
+    return clone_layer(layer, dtype=keras.dtype_policies.serialize(policy))
+
+
+def clone_initializer(initializer):
+    """A fresh copy of a Keras initializer. An unseeded initializer instance draws its seed
+    once, so sharing one between weights of equal shape would give them identical values."""
+    initializer = keras.initializers.get(initializer)
+    return initializer.__class__.from_config(initializer.get_config())

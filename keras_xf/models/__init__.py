@@ -1,0 +1,10 @@
+"""keras_xf models: functional backbones and tasks built from block templates."""
+
+from keras_xf.models.causal_lm import CausalLM
+from keras_xf.models.presets import PRESETS
+from keras_xf.models.presets import preset_names
+from keras_xf.models.seq2seq_backbone import Seq2SeqBackbone
+from keras_xf.models.seq2seq_lm import Seq2SeqLM
+from keras_xf.models.text_classifier import TextClassifier
+from keras_xf.models.text_encoder import TextEncoder
+from keras_xf.models.transformer_backbone import TransformerBackbone

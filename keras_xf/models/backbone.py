@@ -1,0 +1,41 @@
+"""Base class of keras_xf's functional models (backbones and tasks)."""
+
+import keras
+
+
+class FunctionalModel(keras.Model):
+    """A functional `keras.Model` whose config holds hyperparameters only.
+
+    Subclasses build their layers, wire `keras.Input`s through them, call
+    `super().__init__(inputs, outputs, dtype=…)`, then record their hyperparameters;
+    `from_config` is `cls(**config)`.
+    """
+
+    def __init__(self, *args, dtype=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._initialized = True
+        if dtype is not None:
+            self.dtype_policy = keras.dtype_policies.get(dtype)
+
+    def __setattr__(self, name, value):
+        # PyTorch modules cannot hold attributes before `Module.__init__` has run; layers
+        # assigned before the functional `__init__` are tracked by the graph instead.
+        if keras.config.backend() == "torch" and not hasattr(self, "_initialized"):
+            return object.__setattr__(self, name, value)
+        return super().__setattr__(name, value)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def layer_dtype(dtype):
+    """The policy that sub-layers created before `super().__init__` should use."""
+    return keras.dtype_policies.get(dtype) if dtype is not None else None

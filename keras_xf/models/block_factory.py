@@ -1,0 +1,63 @@
+"""Builds the default Transformer block of a model from its hyperparameters."""
+
+import keras
+
+from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
+from keras_xf.layers.cloning import clone_layer
+from keras_xf.layers.cloning import serialize_layer
+from keras_xf.layers.blocks.transformer_block import TransformerBlock
+from keras_xf.layers.embeddings.rotary_embedding import RotaryEmbedding
+from keras_xf.layers.feedforward.feed_forward import FeedForward
+
+def default_block(
+    num_heads,
+    intermediate_dim,
+    num_key_value_heads=None,
+    activation="relu",
+    norm_placement="post",
+    normalization="layer_norm",
+    dropout=0.0,
+    cross_attention=False,
+    use_bias=True,
+):
+    """A `TransformerBlock` with multi-head attention and a feedforward."""
+    if num_heads is None or intermediate_dim is None:
+        raise ValueError(
+            "Without a block template, num_heads and intermediate_dim are required. Received: "
+            f"num_heads={num_heads}, intermediate_dim={intermediate_dim}"
+        )
+    attention = dict(num_heads=num_heads, num_key_value_heads=num_key_value_heads,
+                     use_bias=use_bias, dropout=dropout)
+    return TransformerBlock(
+        mixer=MultiHeadAttention(**attention),
+        feedforward=FeedForward(intermediate_dim, activation=activation, dropout=dropout),
+        cross_attention=MultiHeadAttention(**attention) if cross_attention else None,
+        normalization=normalization,
+        norm_placement=norm_placement,
+        dropout=dropout,
+    )
+
+
+def prepare_block(block, position, cross_attention=False):
+    """Serialised block config, with RoPE plugged into attention when `position="rotary"`,
+    and a cross-attention copy of the mixer added when a decoder needs one."""
+    block = clone_layer(block)  # a fresh copy
+    config = serialize_layer(block)["config"]
+    mixer = config["mixer"]
+    if position == "rotary" and mixer["class_name"] == "MultiHeadAttention":
+        mixer = dict(mixer)
+        mixer["config"] = dict(mixer["config"], position=keras.saving.serialize_keras_object(
+            RotaryEmbedding()))
+        config["mixer"] = mixer
+    if cross_attention and config.get("cross_attention") is None:
+        if config["mixer"]["class_name"] != "MultiHeadAttention":
+            raise ValueError(
+                "A decoder block needs cross_attention; the template's mixer is "
+                f"{config['mixer']['class_name']}. Pass a block with cross_attention set."
+            )
+        cross = dict(config["mixer"])
+        cross["config"] = dict(cross["config"], position=None, causal=False, name="cross_attention")
+        config["cross_attention"] = cross
+    if not cross_attention and config.get("cross_attention") is not None:
+        raise ValueError("An encoder or decoder-only block cannot have cross_attention.")
+    return block.__class__.from_config(config)

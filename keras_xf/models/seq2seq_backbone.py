@@ -1,0 +1,210 @@
+"""Encoder-decoder Transformer backbone (survey §2.1, §2.6)."""
+
+import keras
+from keras import ops
+
+from keras_xf.layers.blocks.transformer_stack import TransformerStack
+from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_xf.models.backbone import FunctionalModel
+from keras_xf.models.backbone import layer_dtype
+from keras_xf.models.block_factory import default_block
+from keras_xf.models.block_factory import prepare_block
+
+
+def _serialized(block):
+    if isinstance(block, keras.layers.Layer):
+        return keras.saving.serialize_keras_object(block)
+    return block
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class Seq2SeqBackbone(FunctionalModel):
+    """Source and target token ids to encoder and decoder states.
+
+    `H_enc = Encoder(Embed_src(x))`, `S = Decoder(Embed_tgt(y), H_enc)`, where each decoder
+    layer applies causal self-attention, cross-attention to `H_enc` and a feedforward
+    (survey §2.1, §2.6). The encoder layers are clones of `block` (or of a default block);
+    the decoder layers are clones of `decoder_block`, by default `block` with a
+    cross-attention copy of its attention mixer.
+
+    Args:
+        vocabulary_size: int, target vocabulary (and source one when shared).
+        num_layers: int, layers of encoder and decoder (see `num_decoder_layers`).
+        hidden_dim: int, `d`.
+        num_heads, intermediate_dim: ints for the default blocks.
+        max_sequence_length: int.
+        block: optional encoder block template.
+        decoder_block: optional decoder block template (with `cross_attention`).
+        source_vocabulary_size: int; `None` = `vocabulary_size`.
+        share_embeddings: bool, one embedding matrix for source and target (survey §5.4;
+            needs equal vocabularies).
+        num_decoder_layers: int; `None` = `num_layers`.
+        position, num_key_value_heads, activation, norm_placement, normalization, dropout,
+        tie_embeddings, embedding_scale, dtype: as in `TransformerBackbone`.
+
+    Inputs: `encoder_token_ids`, `encoder_padding_mask`, `decoder_token_ids`,
+    `decoder_padding_mask`, each `[B, length]`.
+    Outputs: `{"encoder_sequence_output": [B, S, d], "decoder_sequence_output": [B, T, d]}`.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers,
+        hidden_dim,
+        num_heads=None,
+        intermediate_dim=None,
+        max_sequence_length=512,
+        block=None,
+        decoder_block=None,
+        source_vocabulary_size=None,
+        share_embeddings=True,
+        num_decoder_layers=None,
+        position="sinusoidal",
+        num_key_value_heads=None,
+        activation="relu",
+        norm_placement="post",
+        normalization="layer_norm",
+        dropout=0.0,
+        tie_embeddings=True,
+        embedding_scale=False,
+        dtype=None,
+        **kwargs,
+    ):
+        for arg, value in (
+            ("vocabulary_size", vocabulary_size),
+            ("num_layers", num_layers),
+            ("hidden_dim", hidden_dim),
+            ("max_sequence_length", max_sequence_length),
+        ):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{arg} must be a positive int. Received: {arg}={value}")
+        source_vocabulary = source_vocabulary_size or vocabulary_size
+        if share_embeddings and source_vocabulary != vocabulary_size:
+            raise ValueError(
+                "share_embeddings needs one vocabulary. Received: vocabulary_size="
+                f"{vocabulary_size}, source_vocabulary_size={source_vocabulary_size}"
+            )
+        block_args = dict(
+            num_key_value_heads=num_key_value_heads,
+            activation=activation,
+            norm_placement=norm_placement,
+            normalization=normalization,
+            dropout=dropout,
+        )
+        if block is None:
+            block = default_block(num_heads, intermediate_dim, **block_args)
+        encoder_template = prepare_block(block, position)
+        decoder_template = prepare_block(
+            block if decoder_block is None else decoder_block, position, cross_attention=True
+        )
+        policy = layer_dtype(dtype)
+        embedding_args = dict(
+            position=position,
+            max_sequence_length=max_sequence_length,
+            scale=embedding_scale,
+            dropout=dropout,
+            dtype=policy,
+        )
+
+        # Layers
+        self.decoder_embeddings = TokenAndPositionEmbedding(
+            vocabulary_size, hidden_dim, tie_weights=tie_embeddings,
+            name="decoder_embeddings", **embedding_args
+        )
+        if share_embeddings:
+            self.encoder_embeddings = self.decoder_embeddings
+        else:
+            self.encoder_embeddings = TokenAndPositionEmbedding(
+                source_vocabulary, hidden_dim, name="encoder_embeddings", **embedding_args
+            )
+        self.encoder = TransformerStack(encoder_template, num_layers, dtype=policy, name="encoder")
+        self.decoder = TransformerStack(
+            decoder_template, num_decoder_layers or num_layers, dtype=policy, name="decoder"
+        )
+
+        # Functional model
+        encoder_token_ids = keras.Input(shape=(None,), dtype="int32", name="encoder_token_ids")
+        encoder_padding_mask = keras.Input(
+            shape=(None,), dtype="int32", name="encoder_padding_mask"
+        )
+        decoder_token_ids = keras.Input(shape=(None,), dtype="int32", name="decoder_token_ids")
+        decoder_padding_mask = keras.Input(
+            shape=(None,), dtype="int32", name="decoder_padding_mask"
+        )
+        encoder_mask = ops.cast(encoder_padding_mask, "bool")
+        encoded = self.encoder(
+            self.encoder_embeddings(encoder_token_ids), padding_mask=encoder_mask
+        )
+        decoded = self.decoder(
+            self.decoder_embeddings(decoder_token_ids),
+            padding_mask=ops.cast(decoder_padding_mask, "bool"),
+            encoder_outputs=encoded,
+            encoder_padding_mask=encoder_mask,
+            use_causal_mask=True,
+        )
+        super().__init__(
+            inputs={
+                "encoder_token_ids": encoder_token_ids,
+                "encoder_padding_mask": encoder_padding_mask,
+                "decoder_token_ids": decoder_token_ids,
+                "decoder_padding_mask": decoder_padding_mask,
+            },
+            outputs={"encoder_sequence_output": encoded, "decoder_sequence_output": decoded},
+            dtype=dtype,
+            **kwargs,
+        )
+
+        # Config
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.hidden_dim = hidden_dim
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.max_sequence_length = max_sequence_length
+        self.block = _serialized(block)
+        self.decoder_block = _serialized(decoder_block)
+        self.source_vocabulary_size = source_vocabulary_size
+        self.share_embeddings = share_embeddings
+        self.num_decoder_layers = num_decoder_layers
+        self.position = position
+        self.num_key_value_heads = num_key_value_heads
+        self.activation = activation
+        self.norm_placement = norm_placement
+        self.normalization = normalization
+        self.dropout = dropout
+        self.tie_embeddings = tie_embeddings
+        self.embedding_scale = embedding_scale
+
+    def encode(self, encoder_token_ids, encoder_padding_mask, training=None):
+        """Runs the encoder alone: `[B, S]` ids to `[B, S, d]` states."""
+        mask = ops.cast(encoder_padding_mask, "bool")
+        embedded = self.encoder_embeddings(encoder_token_ids, training=training)
+        return self.encoder(embedded, padding_mask=mask, training=training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "num_layers": self.num_layers,
+                "hidden_dim": self.hidden_dim,
+                "num_heads": self.num_heads,
+                "intermediate_dim": self.intermediate_dim,
+                "max_sequence_length": self.max_sequence_length,
+                "block": self.block,
+                "decoder_block": self.decoder_block,
+                "source_vocabulary_size": self.source_vocabulary_size,
+                "share_embeddings": self.share_embeddings,
+                "num_decoder_layers": self.num_decoder_layers,
+                "position": self.position,
+                "num_key_value_heads": self.num_key_value_heads,
+                "activation": self.activation,
+                "norm_placement": self.norm_placement,
+                "normalization": self.normalization,
+                "dropout": self.dropout,
+                "tie_embeddings": self.tie_embeddings,
+                "embedding_scale": self.embedding_scale,
+            }
+        )
+        return config

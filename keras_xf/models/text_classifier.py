@@ -1,0 +1,96 @@
+"""Encoder-only sequence classifier (survey §6)."""
+
+import keras
+from keras import ops
+
+from keras_xf.layers.heads.classification_head import ClassificationHead
+from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.models.backbone import FunctionalModel
+from keras_xf.models.presets import preset_config
+from keras_xf.models.text_encoder import _backbone
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class TextClassifier(FunctionalModel):
+    """`logits = Head(Pool(Encoder(x)))` over the real tokens of each sequence.
+
+    Args:
+        num_classes: int.
+        backbone: a non-causal `TransformerBackbone`, or its arguments as keywords.
+        pooling: `"cls"`, `"mean"` (default) or `"max"`.
+        head_intermediate_dim: optional hidden layer width in the head (BERT-style tanh
+            pooler).
+        head_dropout: dropout before the output layer.
+        activation: optional output activation; float32 logits by default.
+        **kwargs: backbone arguments, or `name` / `dtype`.
+
+    Inputs: `{"token_ids", "padding_mask"}`. Outputs: float32 `[B, num_classes]`.
+
+    Example:
+    >>> clf = TextClassifier(num_classes=2, vocabulary_size=100, num_layers=1, hidden_dim=16,
+    ...                      num_heads=2, intermediate_dim=32)
+    """
+
+    def __init__(self, num_classes, backbone=None, pooling="mean", head_intermediate_dim=None,
+                 head_dropout=0.0, activation=None, name=None, dtype=None, trainable=True,
+                 **backbone_kwargs):
+        backbone = _backbone(backbone, dtype, backbone_kwargs)
+
+        # Layers
+        self.backbone = backbone
+        self.pooling = Pooling(pooling, dtype=backbone.dtype_policy, name="pooling")
+        self.head = ClassificationHead(
+            num_classes,
+            intermediate_dim=head_intermediate_dim,
+            dropout=head_dropout,
+            activation=activation,
+            dtype=backbone.dtype_policy,
+            name="head",
+        )
+
+        # Functional model
+        inputs = {
+            "token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
+            "padding_mask": keras.Input(shape=(None,), dtype="int32", name="padding_mask"),
+        }
+        hidden = backbone(inputs)
+        pooled = self.pooling(hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"))
+        logits = self.head(pooled)
+        super().__init__(inputs=inputs, outputs=logits, name=name, dtype=dtype,
+                         trainable=trainable)
+
+        # Config
+        self.num_classes = num_classes
+        self.pooling_mode = pooling
+        self.head_intermediate_dim = head_intermediate_dim
+        self.head_dropout = head_dropout
+        self.activation = activation
+
+    @classmethod
+    def from_preset(cls, preset, num_classes, **overrides):
+        """An untrained classifier with a named encoder architecture, e.g. `"bert_base"`."""
+        return cls(num_classes=num_classes, **preset_config(preset, "text_classifier", **overrides))
+
+    def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs):
+        """Keras `compile` with defaults: AdamW, sparse cross-entropy on logits, accuracy."""
+        if optimizer == "auto":
+            optimizer = keras.optimizers.AdamW(1e-3, weight_decay=0.01)
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=self.activation is None)
+        if metrics == "auto":
+            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_classes": self.num_classes,
+                "backbone": keras.saving.serialize_keras_object(self.backbone),
+                "pooling": self.pooling_mode,
+                "head_intermediate_dim": self.head_intermediate_dim,
+                "head_dropout": self.head_dropout,
+                "activation": self.activation,
+            }
+        )
+        return config

@@ -1,0 +1,109 @@
+"""Encoder-only model producing one embedding per sequence (survey §6)."""
+
+import keras
+from keras import ops
+
+from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.models.backbone import FunctionalModel
+from keras_xf.models.presets import preset_config
+from keras_xf.models.transformer_backbone import TransformerBackbone
+
+
+def _backbone(backbone, dtype, backbone_kwargs):
+    if backbone is not None and backbone_kwargs:
+        raise ValueError(
+            f"Pass either a backbone or backbone arguments. Received both: {sorted(backbone_kwargs)}"
+        )
+    if backbone is None:
+        return TransformerBackbone(dtype=dtype, **backbone_kwargs)
+    if not isinstance(backbone, keras.Model):
+        return keras.saving.deserialize_keras_object(backbone)
+    return backbone
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class TextEncoder(FunctionalModel):
+    """`e = normalize(W_p · Pool(Encoder(x)))`: a pooled, optionally projected and
+    L2-normalised sequence embedding.
+
+    Args:
+        backbone: a `TransformerBackbone` (non-causal), or its arguments as keywords.
+        pooling: `"mean"` (default), `"cls"` or `"max"` over the padding mask.
+        projection_dim: optional int, a linear projection after pooling.
+        normalize: bool, L2-normalise the embedding (cosine similarity = dot product).
+        **kwargs: backbone arguments, or `name` / `dtype`.
+
+    Inputs: `{"token_ids", "padding_mask"}`. Outputs: float32 `[B, projection_dim or d]`.
+
+    Example:
+    >>> encoder = TextEncoder(vocabulary_size=100, num_layers=1, hidden_dim=16, num_heads=2,
+    ...                       intermediate_dim=32)
+    >>> encoder.similarity(batch_a, batch_b)  # cosine similarities [B]
+    """
+
+    def __init__(self, backbone=None, pooling="mean", projection_dim=None, normalize=True,
+                 name=None, dtype=None, trainable=True, **backbone_kwargs):
+        backbone = _backbone(backbone, dtype, backbone_kwargs)
+        if getattr(backbone, "causal", False):
+            raise ValueError("TextEncoder needs a non-causal backbone (causal=False).")
+
+        # Layers
+        self.backbone = backbone
+        self.pooling = Pooling(pooling, dtype=backbone.dtype_policy, name="pooling")
+        self.projection = None
+        if projection_dim is not None:
+            self.projection = keras.layers.Dense(
+                projection_dim, dtype=backbone.dtype_policy, name="projection"
+            )
+
+        # Functional model
+        inputs = {
+            "token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
+            "padding_mask": keras.Input(shape=(None,), dtype="int32", name="padding_mask"),
+        }
+        hidden = backbone(inputs)
+        pooled = self.pooling(hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"))
+        if self.projection is not None:
+            pooled = self.projection(pooled)
+        embedding = ops.cast(pooled, "float32")
+        if normalize:
+            embedding = embedding / ops.maximum(
+                ops.sqrt(ops.sum(embedding * embedding, axis=-1, keepdims=True)), 1e-12
+            )
+        super().__init__(inputs=inputs, outputs=embedding, name=name, dtype=dtype,
+                         trainable=trainable)
+
+        # Config
+        self.pooling_mode = pooling
+        self.projection_dim = projection_dim
+        self.normalize = normalize
+
+    @classmethod
+    def from_preset(cls, preset, **overrides):
+        """An untrained encoder with a named architecture, e.g. `"bert_base"`."""
+        return cls(**preset_config(preset, "text_encoder", **overrides))
+
+    def similarity(self, inputs_a, inputs_b):
+        """Cosine similarity of the embeddings of two batches, `[B]` (numpy)."""
+        a = ops.convert_to_numpy(self.predict_on_batch(inputs_a))
+        b = ops.convert_to_numpy(self.predict_on_batch(inputs_b))
+        return cosine_similarity(a, b)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "backbone": keras.saving.serialize_keras_object(self.backbone),
+                "pooling": self.pooling_mode,
+                "projection_dim": self.projection_dim,
+                "normalize": self.normalize,
+            }
+        )
+        return config
+
+
+def cosine_similarity(a, b, axis=-1):
+    """`a·b / (|a| |b|)` along `axis`, with a floor on the norms."""
+    a, b = ops.cast(a, "float32"), ops.cast(b, "float32")
+    norm = ops.sqrt(ops.sum(a * a, axis=axis)) * ops.sqrt(ops.sum(b * b, axis=axis))
+    return ops.convert_to_numpy(ops.sum(a * b, axis=axis) / ops.maximum(norm, 1e-12))

@@ -1,0 +1,186 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_xf.layers import TokenEmbedding
+from tests.layer_checks import check_config_round_trip
+from tests.layer_checks import check_fit_step
+from tests.layer_checks import check_jit_compile
+from tests.layer_checks import check_mixed_precision
+from tests.layer_checks import check_saving
+from tests.layer_checks import count_params
+from tests.layer_checks import to_numpy
+from tests.layer_checks import wrap_in_model
+from tests.layer_checks import xla_only
+
+VOCAB, DIM = 11, 8
+
+
+def make_layer(**kwargs):
+    kwargs.setdefault("vocabulary_size", VOCAB)
+    kwargs.setdefault("embedding_dim", DIM)
+    return TokenEmbedding(**kwargs)
+
+
+def token_ids(rng, batch=2, length=5):
+    return rng.integers(0, VOCAB, size=(batch, length)).astype("int32")
+
+
+def language_model(layer, length=5):
+    """ids -> embeddings -> (shared or separate) reverse projection -> logits."""
+    ids = keras.Input(shape=(length,), dtype="int32", name="ids")
+    hidden = layer(ids)
+    logits = layer(hidden, reverse=True)
+    return keras.Model(ids, logits)
+
+
+@pytest.mark.parametrize("tie_weights,expected", [(True, VOCAB * DIM), (False, 2 * VOCAB * DIM)])
+def test_build_and_weight_count(tie_weights, expected):
+    layer = make_layer(tie_weights=tie_weights)
+    layer.build((2, 5))
+    assert count_params(layer) == expected
+    assert len(layer.trainable_weights) == (1 if tie_weights else 2)
+    assert tuple(layer.embeddings.shape) == (VOCAB, DIM)
+    if not tie_weights:
+        assert tuple(layer.reverse_embeddings.shape) == (DIM, VOCAB)
+
+
+def test_output_shapes(rng):
+    layer = make_layer()
+    ids = token_ids(rng)
+    hidden = layer(ids)
+    assert tuple(hidden.shape) == (2, 5, DIM)
+    assert tuple(layer(hidden, reverse=True).shape) == (2, 5, VOCAB)
+    assert layer.compute_output_shape((2, 5)) == (2, 5, DIM)
+    assert layer.compute_output_shape((2, 5, DIM), reverse=True) == (2, 5, VOCAB)
+
+
+def test_config_round_trip():
+    layer = make_layer(tie_weights=False, scale=True, embeddings_initializer="glorot_uniform", name="tok")
+    clone = check_config_round_trip(layer)
+    config = clone.get_config()
+    assert config["vocabulary_size"] == VOCAB and config["embedding_dim"] == DIM
+    assert config["tie_weights"] is False and config["scale"] is True
+    assert clone.name == "tok"
+
+
+def test_numpy_integer_sizes_are_accepted_and_serialisable():
+    layer = TokenEmbedding(np.int64(VOCAB), np.int32(DIM))
+    assert type(layer.get_config()["vocabulary_size"]) is int
+    check_config_round_trip(layer)
+
+
+def test_lookup_matches_embedding_rows(rng):
+    layer = make_layer()
+    ids = token_ids(rng)
+    outputs = to_numpy(layer(ids))
+    table = to_numpy(layer.embeddings)
+    np.testing.assert_allclose(outputs, table[ids], rtol=1e-6)
+
+
+def test_scale_multiplies_by_sqrt_dim(rng):
+    ids = token_ids(rng)
+    plain = make_layer(scale=False)
+    scaled = make_layer(scale=True)
+    plain.build(ids.shape)
+    scaled.build(ids.shape)
+    scaled.embeddings.assign(plain.embeddings)
+    expected = to_numpy(plain.embeddings)[ids] * np.sqrt(DIM)
+    np.testing.assert_allclose(to_numpy(scaled(ids)), expected, rtol=1e-6)
+    np.testing.assert_allclose(to_numpy(scaled(ids)), to_numpy(plain(ids)) * np.sqrt(DIM), rtol=1e-6)
+    # The reverse projection is never scaled.
+    hidden = rng.normal(size=(2, 5, DIM)).astype("float32")
+    np.testing.assert_allclose(
+        to_numpy(scaled(hidden, reverse=True)), to_numpy(plain(hidden, reverse=True)), rtol=1e-5
+    )
+
+
+def test_tied_reverse_projection_uses_the_transposed_embeddings(rng):
+    layer = make_layer(tie_weights=True)
+    hidden = rng.normal(size=(2, 5, DIM)).astype("float32")
+    logits = to_numpy(layer(hidden, reverse=True))
+    np.testing.assert_allclose(logits, hidden @ to_numpy(layer.embeddings).T, rtol=1e-5, atol=1e-6)
+    assert not hasattr(layer, "reverse_embeddings")
+
+
+def test_untied_reverse_projection_uses_its_own_matrix(rng):
+    layer = make_layer(tie_weights=False)
+    hidden = rng.normal(size=(2, 5, DIM)).astype("float32")
+    logits = to_numpy(layer(hidden, reverse=True))
+    np.testing.assert_allclose(
+        logits, hidden @ to_numpy(layer.reverse_embeddings), rtol=1e-5, atol=1e-6
+    )
+    tied = hidden @ to_numpy(layer.embeddings).T
+    assert not np.allclose(logits, tied, atol=1e-3)
+
+
+def test_tied_gradient_reaches_the_embeddings_through_both_uses(rng):
+    # With tied weights the only matrix must move when only the reverse side gets a signal.
+    hidden = keras.Input(shape=(5, DIM), name="hidden")
+    layer = make_layer(tie_weights=True)
+    model = keras.Model(hidden, layer(hidden, reverse=True))
+    check_fit_step(model, [rng.normal(size=(2, 5, DIM)).astype("float32")])
+
+
+@pytest.mark.parametrize("tie_weights", [True, False])
+def test_fit_step(rng, tie_weights):
+    layer = make_layer(tie_weights=tie_weights)
+    model = language_model(layer)
+    assert count_params(layer) == (1 if tie_weights else 2) * VOCAB * DIM
+    before = [to_numpy(w).copy() for w in layer.trainable_weights]
+    check_fit_step(model, [token_ids(rng)])
+    after = [to_numpy(w) for w in layer.trainable_weights]
+    # Every matrix trains: the embeddings, and the separate output matrix when untied.
+    assert all(not np.allclose(b, a) for b, a in zip(before, after))
+
+
+def test_fit_step_forward_only(rng):
+    layer = make_layer(scale=True)
+    check_fit_step(wrap_in_model(layer, [token_ids(rng)]), [token_ids(rng)])
+
+
+@pytest.mark.parametrize("tie_weights", [True, False])
+def test_saving(rng, tmp_path, tie_weights):
+    model = language_model(make_layer(tie_weights=tie_weights, scale=True))
+    loaded = check_saving(model, [token_ids(rng)], tmp_path)
+    assert count_params(loaded) == count_params(model)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision(rng, policy):
+    compute_dtype = keras.DTypePolicy(policy).compute_dtype
+    outputs = check_mixed_precision(make_layer, [token_ids(rng)], policy=policy)
+    assert keras.backend.standardize_dtype(outputs.dtype) == compute_dtype
+    hidden = rng.normal(size=(2, 5, DIM)).astype("float32")
+    for tie_weights in (True, False):
+        logits = check_mixed_precision(
+            lambda **kw: make_layer(tie_weights=tie_weights, **kw),
+            [hidden],
+            call_kwargs={"reverse": True},
+            policy=policy,
+        )
+        assert keras.backend.standardize_dtype(logits.dtype) == compute_dtype
+        assert tuple(logits.shape) == (2, 5, VOCAB)
+
+
+@xla_only
+@pytest.mark.parametrize("tie_weights", [True, False])
+def test_jit_compile(rng, tie_weights):
+    check_jit_compile(language_model(make_layer(tie_weights=tie_weights)), [token_ids(rng)])
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"vocabulary_size": 0}, "vocabulary_size=0"),
+        ({"vocabulary_size": -3}, "vocabulary_size=-3"),
+        ({"vocabulary_size": 2.5}, "vocabulary_size=2.5"),
+        ({"vocabulary_size": True}, "vocabulary_size=True"),
+        ({"embedding_dim": 0}, "embedding_dim=0"),
+        ({"embedding_dim": -1}, "embedding_dim=-1"),
+        ({"embedding_dim": 4.0}, "embedding_dim=4.0"),
+    ],
+)
+def test_invalid_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_layer(**kwargs)
