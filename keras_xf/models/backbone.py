@@ -14,6 +14,10 @@ class FunctionalModel(keras.Model):
     def __init__(self, *args, dtype=None, **kwargs):
         super().__init__(*args, **kwargs)
         self._initialized = True
+        if keras.config.backend() == "torch":
+            # `_torch_params` was set during `__init__`, past torch's `__setattr__`: register
+            # it again so that `parameters()` (torch.onnx / torch.export tracing) sees weights.
+            self._track_variables()
         if dtype is not None:
             self.dtype_policy = keras.dtype_policies.get(dtype)
 

@@ -107,18 +107,30 @@ class CausalLM(FunctionalModel):
         logits = ops.cast(self.backbone.embeddings(hidden, reverse=True), "float32")
         return logits, hidden, cache
 
-    def generate_step(self, token_ids, padding_mask, stop_token_ids=None, sampler=None):
+    def generate_step(self, token_ids, padding_mask, stop_token_ids=None, sampler=None,
+                      use_cache=True):
         """A compilable generation of a packed batch (prompts left-aligned, `padding_mask`
-        marking them); returns `(token_ids, padding_mask)`."""
+        marking them); returns `(token_ids, padding_mask)`. Without the cache, every step
+        runs the full causal forward pass over the whole (fixed-shape) sequence."""
         sampler = sampler or self.sampler
         batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
         padding_mask = ops.cast(padding_mask, "bool")
-        cache = self.init_cache(batch_size, max_length)
-        _, hidden, cache = self.call_with_cache(token_ids, cache, 0)
         index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        if use_cache:
+            cache = self.init_cache(batch_size, max_length)
+            _, hidden, cache = self.call_with_cache(token_ids, cache, 0)
+        else:
+            cache, hidden = None, None
 
         def next_logits(prompt, cache, index):
             cache_index = index - 1
+            if not use_cache:
+                hidden = self.backbone(
+                    {"token_ids": prompt, "padding_mask": ops.ones_like(prompt)}, training=False
+                )
+                hidden = ops.take(hidden, cache_index, axis=1)
+                logits = ops.cast(self.backbone.embeddings(hidden[:, None], reverse=True), "float32")
+                return logits[:, 0], hidden, cache
             last = ops.slice(prompt, (0, cache_index), (ops.shape(prompt)[0], 1))
             logits, hidden, cache = self.call_with_cache(last, cache, cache_index)
             return logits[:, 0], hidden[:, 0], cache
@@ -135,7 +147,8 @@ class CausalLM(FunctionalModel):
         )
         return token_ids, output_padding_mask(token_ids, padding_mask, stop_token_ids)
 
-    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None):
+    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
+                 use_cache=True):
         """Generates continuations of prompts with a KV cache, in one compiled loop.
 
         Args:
@@ -147,6 +160,8 @@ class CausalLM(FunctionalModel):
             stop_token_ids: ids that end a sequence (generation stops when every row has one).
             sampler: a keras-hub sampler or name; defaults to the one given to `compile`
                 (greedy).
+            use_cache: bool; `False` recomputes the whole prefix at every step (a reference
+                for the cached path, which gives the same tokens).
 
         Returns:
             The structure given: a dict with `token_ids` and `padding_mask` (prompts
@@ -161,11 +176,11 @@ class CausalLM(FunctionalModel):
         )
         sampler = get_sampler(sampler) if sampler is not None else self.sampler
         stop = tuple(stop_token_ids) if stop_token_ids is not None else None
-        key = (id(sampler), stop)
+        key = (id(sampler), stop, use_cache)
         if key not in self._generate_functions:
 
             def step(token_ids, padding_mask):
-                return self.generate_step(token_ids, padding_mask, stop, sampler)
+                return self.generate_step(token_ids, padding_mask, stop, sampler, use_cache)
 
             self._generate_functions[key] = compile_generate_function(self, step, sampler)
         token_ids, padding_mask = self._generate_functions[key](

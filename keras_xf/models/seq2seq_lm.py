@@ -106,27 +106,43 @@ class Seq2SeqLM(FunctionalModel):
         return logits, hidden, cache
 
     def generate_step(self, encoder_token_ids, encoder_padding_mask, decoder_token_ids,
-                      decoder_padding_mask, stop_token_ids=None, sampler=None):
+                      decoder_padding_mask, stop_token_ids=None, sampler=None, use_cache=True):
         """A compilable generation: encodes once, fills the cross-attention caches once, then
-        decodes with the self-attention caches."""
+        decodes with the self-attention caches. Without the cache, each step reruns the
+        decoder over the whole (fixed-shape) target."""
         sampler = sampler or self.sampler
         encoder_mask = ops.cast(encoder_padding_mask, "bool")
         decoder_mask = ops.cast(decoder_padding_mask, "bool")
         encoded = self.backbone.encode(encoder_token_ids, encoder_mask)
         batch_size = ops.shape(decoder_token_ids)[0]
-        cache = self.init_cache(
-            batch_size, ops.shape(decoder_token_ids)[1], ops.shape(encoder_token_ids)[1]
-        )
-        _, hidden, cache = self.call_with_cache(
-            decoder_token_ids, cache, 0, encoder_outputs=encoded, encoder_padding_mask=encoder_mask
-        )
         index = ops.min(ops.sum(ops.cast(decoder_mask, "int32"), axis=-1))
+        hidden = None
+        if use_cache:
+            cache = self.init_cache(
+                batch_size, ops.shape(decoder_token_ids)[1], ops.shape(encoder_token_ids)[1]
+            )
+            _, hidden, cache = self.call_with_cache(
+                decoder_token_ids, cache, 0, encoder_outputs=encoded,
+                encoder_padding_mask=encoder_mask,
+            )
+        else:
+            cache = encoded
         # The encoder padding mask travels with the cache so that beam search repeats it too.
         cache = (cache, encoder_mask)
 
         def next_logits(prompt, state, index):
             layer_caches, mask = state
             cache_index = index - 1
+            if not use_cache:
+                hidden = self.backbone.decoder(
+                    self.backbone.decoder_embeddings(prompt),
+                    encoder_outputs=layer_caches,
+                    encoder_padding_mask=mask,
+                    use_causal_mask=True,
+                )
+                hidden = ops.take(hidden, cache_index, axis=1)
+                logits = self.backbone.decoder_embeddings(hidden[:, None], reverse=True)
+                return ops.cast(logits[:, 0], "float32"), hidden, state
             last = ops.slice(prompt, (0, cache_index), (ops.shape(prompt)[0], 1))
             logits, hidden, layer_caches = self.call_with_cache(
                 last, layer_caches, cache_index, encoder_padding_mask=mask
@@ -147,7 +163,8 @@ class Seq2SeqLM(FunctionalModel):
             decoder_token_ids, decoder_mask, stop_token_ids
         )
 
-    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None):
+    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
+                 use_cache=True):
         """Translates / transduces source sequences with a KV cache in one compiled loop.
 
         Args:
@@ -159,6 +176,7 @@ class Seq2SeqLM(FunctionalModel):
                 `max_sequence_length`.
             stop_token_ids: ids that end a sequence.
             sampler: keras-hub sampler or name (`"greedy"`, `"beam"`, `"top_k"`, …).
+            use_cache: bool; `False` reruns the decoder over the whole prefix at each step.
 
         Returns:
             A dict with `decoder_token_ids` and `decoder_padding_mask` when given a dict;
@@ -188,11 +206,13 @@ class Seq2SeqLM(FunctionalModel):
         )
         sampler = get_sampler(sampler) if sampler is not None else self.sampler
         stop = tuple(stop_token_ids) if stop_token_ids is not None else None
-        key = (id(sampler), stop)
+        key = (id(sampler), stop, use_cache)
         if key not in self._generate_functions:
 
             def step(*tensors):
-                return self.generate_step(*tensors, stop_token_ids=stop, sampler=sampler)
+                return self.generate_step(
+                    *tensors, stop_token_ids=stop, sampler=sampler, use_cache=use_cache
+                )
 
             self._generate_functions[key] = compile_generate_function(self, step, sampler)
         token_ids, padding_mask = self._generate_functions[key](

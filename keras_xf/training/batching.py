@@ -1,0 +1,81 @@
+"""Turning token lists into padded batches with masks (survey §2.7, "batching and padding")."""
+
+import numpy as np
+
+
+def pack_sequences(sequences, sequence_length=None, pad_token_id=0, start_token_id=None,
+                   end_token_id=None):
+    """Pads token lists into `[N, L]` ids and a boolean padding mask (numpy).
+
+    Optional start/end tokens are added around each sequence. Nothing is truncated: a
+    sequence longer than `sequence_length` raises `ValueError`. For `tf.data` pipelines,
+    keras-hub's `StartEndPacker` does the same in-graph.
+
+    Returns:
+        `(token_ids, padding_mask)`.
+    """
+    rows = []
+    for sequence in sequences:
+        row = list(sequence)
+        if start_token_id is not None:
+            row = [start_token_id] + row
+        if end_token_id is not None:
+            row = row + [end_token_id]
+        rows.append(row)
+    longest = max((len(r) for r in rows), default=0)
+    sequence_length = longest if sequence_length is None else sequence_length
+    if longest > sequence_length:
+        raise ValueError(
+            f"A sequence is longer than sequence_length. Received: longest={longest}, "
+            f"sequence_length={sequence_length}"
+        )
+    token_ids = np.full((len(rows), sequence_length), pad_token_id, dtype="int32")
+    padding_mask = np.zeros((len(rows), sequence_length), dtype=bool)
+    for index, row in enumerate(rows):
+        token_ids[index, : len(row)] = row
+        padding_mask[index, : len(row)] = True
+    return token_ids, padding_mask
+
+
+def language_model_examples(token_ids, sequence_length, stride=None):
+    """Cuts a long id stream into next-token examples for `CausalLM.fit`.
+
+    Returns `(x, y, sample_weight)` with `x = {"token_ids", "padding_mask"}` of shape
+    `[N, sequence_length]`, `y` the ids shifted by one, and `sample_weight` all ones.
+    """
+    token_ids = np.asarray(token_ids, dtype="int32")
+    stride = stride or sequence_length
+    starts = np.arange(0, len(token_ids) - sequence_length - 1, stride)
+    if len(starts) == 0:
+        raise ValueError(
+            f"The stream ({len(token_ids)} ids) is shorter than sequence_length + 1 "
+            f"({sequence_length + 1})."
+        )
+    windows = np.stack([token_ids[s : s + sequence_length + 1] for s in starts])
+    x = {"token_ids": windows[:, :-1], "padding_mask": np.ones_like(windows[:, :-1], dtype="int32")}
+    return x, windows[:, 1:], np.ones_like(windows[:, 1:], dtype="float32")
+
+
+def seq2seq_examples(sources, targets, source_length=None, target_length=None, pad_token_id=0,
+                     start_token_id=1, end_token_id=2):
+    """Teacher-forcing examples for `Seq2SeqLM.fit` from lists of source and target ids.
+
+    The decoder input is `[start] + target`, the label is `target + [end]`.
+
+    Returns `(x, y, sample_weight)`.
+    """
+    encoder_ids, encoder_mask = pack_sequences(sources, source_length, pad_token_id)
+    decoder_ids, decoder_mask = pack_sequences(
+        targets, None if target_length is None else target_length, pad_token_id,
+        start_token_id=start_token_id,
+    )
+    labels, label_mask = pack_sequences(
+        targets, decoder_ids.shape[1], pad_token_id, end_token_id=end_token_id
+    )
+    x = {
+        "encoder_token_ids": encoder_ids,
+        "encoder_padding_mask": encoder_mask.astype("int32"),
+        "decoder_token_ids": decoder_ids,
+        "decoder_padding_mask": decoder_mask.astype("int32"),
+    }
+    return x, labels, label_mask.astype("float32")
