@@ -116,7 +116,8 @@ def scaled_dot_product_attention(
     """`Att_qkv(Q, K, V) = Softmax(Q·Kᵀ/√d_h + bias, masked) · V` (survey §2.3, §2.6).
 
     When only a boolean mask and/or an additive bias are needed (no weights returned, no
-    dropout in training) the fused `keras.ops.dot_product_attention` kernel is used;
+    dropout in training, inputs not float16) the fused `keras.ops.dot_product_attention`
+    kernel is used;
     otherwise the explicit path computes float32 scores and `masked_softmax`. Both paths give
     the same numbers, including zeros for queries whose keys are all masked.
 
@@ -154,7 +155,10 @@ def scaled_dot_product_attention(
     use_dropout = bool(training) and dropout_rate > 0
     if scale is None:
         scale = 1.0 / float(query.shape[-1]) ** 0.5
-    if not return_weights and not use_dropout:
+    # float16 takes the explicit path: XLA on CPU lacks the float16 x float16 -> float32 dot
+    # that JAX's fused kernel asks for, and the explicit path keeps the softmax in float32.
+    half = keras.backend.standardize_dtype(query.dtype) == "float16"
+    if not return_weights and not use_dropout and not half:
         return _fused_attention(query, key, value, mask, bias, scale)
 
     scores = attention_scores(query, key, scale)

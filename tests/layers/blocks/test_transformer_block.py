@@ -1,4 +1,4 @@
-"""TransformerBlock: self-attention (+ cross-attention) + FFN, each in a Residual (survey §2.1-2.6)."""
+"""TransformerBlock: self-attention (+ cross-attention) + FFN, each in a Residual (§2.1-2.6)."""
 
 import keras
 import numpy as np
@@ -25,25 +25,6 @@ EPSILON = 1e-5
 BATCH, LENGTH, ENC_LENGTH = 2, 5, 6
 
 
-def _jax_on_cpu():
-    if keras.config.backend() != "jax":
-        return False
-    import jax
-
-    return jax.default_backend() == "cpu"
-
-
-# Known bug, reported to the owner of keras_xf/ops/attention.py: its fused path calls
-# keras.ops.dot_product_attention, i.e. jax.nn.dot_product_attention, which asks for the
-# F16_F16_F32 dot algorithm on float16 inputs; XLA:CPU lacks it, so compiled (predict/fit)
-# float16 attention fails on JAX/CPU. strict=True: the test reports XPASS once it is fixed.
-FLOAT16_ATTENTION_ON_JAX_CPU = pytest.mark.xfail(
-    _jax_on_cpu(),
-    reason="XLA:CPU lacks the F16_F16_F32 dot algorithm that jax.nn.dot_product_attention "
-    "requests for float16 inputs (keras_xf.ops.attention fused path)",
-    raises=ValueError,
-    strict=True,
-)
 
 
 def make_block(
@@ -279,7 +260,7 @@ def test_mixed_precision(rng, policy, norm_placement):
 
 @pytest.mark.parametrize(
     "policy",
-    [pytest.param("mixed_float16", marks=FLOAT16_ATTENTION_ON_JAX_CPU), "mixed_bfloat16"],
+    ["mixed_float16", "mixed_bfloat16"],
 )
 def test_fit_step_under_mixed_policy(rng, policy):
     """A compiled (graph / jit) forward and training step in half precision, not just eager."""

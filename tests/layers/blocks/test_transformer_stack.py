@@ -19,7 +19,7 @@ from tests.layer_checks import wrap_in_model
 from tests.layer_checks import xla_only
 from tests.reference import layers as ref
 
-WIDTH, HEADS, HIDDEN, LAYERS = 8, 2, 16, 3
+WIDTH, HEADS, HIDDEN, LAYERS = 8, 2, 16, 2
 EPSILON = 1e-5
 BATCH, LENGTH, ENC_LENGTH = 2, 5, 6
 
@@ -84,8 +84,7 @@ def test_clones_have_distinct_weights(rng):
     np.testing.assert_array_equal(to_numpy(stack.blocks[1].feedforward.output_dense.bias), 0.0)
 
 
-@pytest.mark.parametrize("norm_placement", ["post", "pre"])
-@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("norm_placement, cross", [("post", False), ("pre", True)])
 def test_weight_count(norm_placement, cross):
     stack = make_stack(cross=cross, norm_placement=norm_placement)
     stack.build((BATCH, LENGTH, WIDTH), (BATCH, ENC_LENGTH, WIDTH) if cross else None)
@@ -119,14 +118,14 @@ def test_config_round_trip():
 def test_fit_step(rng):
     x = make_inputs(rng)
     padding = np.arange(LENGTH)[None] < np.array([[LENGTH], [3]])
-    model = wrap_in_model(make_stack(num_layers=2), [x], {"padding_mask": padding})
+    model = wrap_in_model(make_stack(), [x], {"padding_mask": padding})
     check_fit_step(model, [x, padding])
 
 
 def test_saving(rng, tmp_path):
     x, enc = make_inputs(rng), make_encoder_outputs(rng)
     model = wrap_in_model(
-        make_stack(num_layers=2, cross=True), [x], {"encoder_outputs": enc, "use_causal_mask": True}
+        make_stack(cross=True), [x], {"encoder_outputs": enc, "use_causal_mask": True}
     )
     loaded = check_saving(model, [x, enc], tmp_path)
     stacks = [layer for layer in loaded.layers if isinstance(layer, TransformerStack)]
@@ -136,7 +135,7 @@ def test_saving(rng, tmp_path):
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
     outputs = check_mixed_precision(
-        lambda dtype: make_stack(num_layers=2, dtype=dtype), [make_inputs(rng)], policy=policy
+        lambda dtype: make_stack(dtype=dtype), [make_inputs(rng)], policy=policy
     )
     assert keras.backend.standardize_dtype(outputs.dtype) == keras.DTypePolicy(policy).compute_dtype
 
@@ -144,7 +143,7 @@ def test_mixed_precision(rng, policy):
 @xla_only
 def test_jit_compile(rng):
     x = make_inputs(rng)
-    check_jit_compile(wrap_in_model(make_stack(num_layers=2), [x]), [x])
+    check_jit_compile(wrap_in_model(make_stack(), [x]), [x])
 
 
 # --- Correctness -------------------------------------------------------------------------------
@@ -169,19 +168,16 @@ def test_decoder_stack_with_cross_attention(rng):
     stack = make_stack(cross=True)
     x, enc = make_inputs(rng), make_encoder_outputs(rng)
     enc_padding = np.arange(ENC_LENGTH)[None] < np.array([[ENC_LENGTH], [2]])
-    y = to_numpy(stack(x, encoder_outputs=enc, encoder_padding_mask=enc_padding, use_causal_mask=True))
+    kwargs = {"encoder_padding_mask": enc_padding, "use_causal_mask": True}
+    y = to_numpy(stack(x, encoder_outputs=enc, **kwargs))
     assert y.shape == (BATCH, LENGTH, WIDTH) and np.all(np.isfinite(y))
     # The encoder outputs matter, except where they are padded.
     changed = enc.copy()
     changed[1, 2:] += 5.0
-    y_changed = to_numpy(
-        stack(x, encoder_outputs=changed, encoder_padding_mask=enc_padding, use_causal_mask=True)
-    )
+    y_changed = to_numpy(stack(x, encoder_outputs=changed, **kwargs))
     np.testing.assert_allclose(y_changed, y, atol=1e-5)
     changed[1, 0] += 5.0
-    y_changed = to_numpy(
-        stack(x, encoder_outputs=changed, encoder_padding_mask=enc_padding, use_causal_mask=True)
-    )
+    y_changed = to_numpy(stack(x, encoder_outputs=changed, **kwargs))
     np.testing.assert_allclose(y_changed[0], y[0], atol=1e-5)
     assert not np.allclose(y_changed[1], y[1])
     with pytest.raises(ValueError, match="encoder_outputs"):

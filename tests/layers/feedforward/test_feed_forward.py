@@ -137,7 +137,9 @@ def test_saving(rng, tmp_path):
 @pytest.mark.parametrize("activation", ["gelu", "geglu"])
 def test_mixed_precision(rng, policy, activation):
     outputs = check_mixed_precision(
-        lambda dtype: make_layer(activation=activation, dtype=dtype), make_inputs(rng), policy=policy
+        lambda dtype: make_layer(activation=activation, dtype=dtype),
+        make_inputs(rng),
+        policy=policy,
     )
     assert keras.backend.standardize_dtype(outputs.dtype) == keras.DTypePolicy(policy).compute_dtype
 

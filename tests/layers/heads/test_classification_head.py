@@ -22,25 +22,6 @@ from tests.layer_checks import xla_only
 BATCH, LENGTH, WIDTH, HIDDEN, CLASSES = 2, 5, 8, 6, 3
 
 
-def _jax_on_cpu():
-    if keras.config.backend() != "jax":
-        return False
-    import jax
-
-    return jax.default_backend() == "cpu"
-
-
-# Known bug, reported to the owner of keras_xf/ops/attention.py: its fused path calls
-# keras.ops.dot_product_attention, i.e. jax.nn.dot_product_attention, which asks for the
-# F16_F16_F32 dot algorithm on float16 inputs; XLA:CPU lacks it, so compiled (predict/fit)
-# float16 attention fails on JAX/CPU. strict=True: the test reports XPASS once it is fixed.
-FLOAT16_ATTENTION_ON_JAX_CPU = pytest.mark.xfail(
-    _jax_on_cpu(),
-    reason="XLA:CPU lacks the F16_F16_F32 dot algorithm that jax.nn.dot_product_attention "
-    "requests for float16 inputs (keras_xf.ops.attention fused path)",
-    raises=ValueError,
-    strict=True,
-)
 
 
 def make_inputs(rng, rank=2):
@@ -144,14 +125,16 @@ def test_saving(rng, tmp_path):
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision_logits_are_float32(rng, policy):
     logits = check_mixed_precision(
-        lambda dtype: make_layer(intermediate_dim=HIDDEN, dtype=dtype), make_inputs(rng), policy=policy
+        lambda dtype: make_layer(intermediate_dim=HIDDEN, dtype=dtype),
+        make_inputs(rng),
+        policy=policy,
     )
     assert keras.backend.standardize_dtype(logits.dtype) == "float32"
 
 
 @pytest.mark.parametrize(
     "policy",
-    [pytest.param("mixed_float16", marks=FLOAT16_ATTENTION_ON_JAX_CPU), "mixed_bfloat16"],
+    ["mixed_float16", "mixed_bfloat16"],
 )
 def test_classifier_under_mixed_policy(rng, policy):
     """Block -> Pooling -> ClassificationHead under a global mixed policy: float32 logits, and
