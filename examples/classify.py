@@ -2,9 +2,9 @@
 
 What it shows: building a `keras_xf.models.TextClassifier` (Transformer encoder, mean
 pooling over the padding mask, classification head) from hyperparameters, padding
-variable-length sentences with `keras_xf.training.pack_sequences`, training with the
-model's default `compile` (AdamW, sparse cross-entropy) and reporting accuracy on held-out
-sentences.
+variable-length sentences with `keras_xf.training.pack_sequences`, training with AdamW
+(linear warm-up, cosine decay) and the model's default loss (sparse cross-entropy on
+logits), and reporting accuracy on held-out sentences.
 
 The data needs no download: sentences such as "the plot was not good but the cast felt
 awful" are generated from a small lexicon of neutral, positive and negative words and the
@@ -18,7 +18,8 @@ Run (any backend):
     KERAS_BACKEND=jax python examples/classify.py
     python examples/classify.py --examples 64 --epochs 1 --eval-examples 32   # smoke test
 
-With the defaults held-out accuracy is well above 90% (chance is 50%).
+With the defaults held-out accuracy is about 98% (chance is 50%): 97.7 to 98.3% on the three
+backends in 2 to 3.5 minutes on a shared 2-core CPU.
 """
 
 import argparse
@@ -44,10 +45,10 @@ TOKEN_ID = {word: index for index, word in enumerate(VOCABULARY)}
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--examples", type=int, default=6000, help="training sentences")
+    parser.add_argument("--examples", type=int, default=24000, help="training sentences")
     parser.add_argument("--eval-examples", type=int, default=1000, help="held-out sentences")
     parser.add_argument("--max-length", type=int, default=24, help="longest sentence in words")
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--steps", type=int, default=None,
                         help="steps per epoch (default: one pass over the examples)")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -55,7 +56,7 @@ def parse_args(argv=None):
     parser.add_argument("--hidden-dim", type=int, default=64)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--intermediate-dim", type=int, default=128)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak learning rate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", type=int, default=2, help="Keras fit verbosity")
     return parser.parse_args(argv)
@@ -100,6 +101,13 @@ def make_dataset(count, max_length, rng):
 def main(argv=None):
     args = parse_args(argv)
     started = time.perf_counter()
+    if keras.config.backend() == "torch" and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        # The ops of a model this small are tiny: with several threads PyTorch spends more
+        # time handing work between them than computing (about 4x slower per step on a
+        # busy 2-core CPU). Set OMP_NUM_THREADS to choose otherwise.
+        torch.set_num_threads(1)
     keras.utils.set_random_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     x_train, y_train, _ = make_dataset(args.examples, args.max_length, rng)
@@ -116,7 +124,12 @@ def main(argv=None):
         norm_placement="pre",
         pooling="mean",
     )
-    model.compile(optimizer=keras.optimizers.AdamW(args.learning_rate, weight_decay=0.01))
+    steps = args.steps or -(-len(y_train) // args.batch_size)
+    schedule = keras.optimizers.schedules.CosineDecay(  # linear warm-up, then cosine decay
+        0.0, decay_steps=max(1, args.epochs * steps), warmup_target=args.learning_rate,
+        warmup_steps=min(100, args.epochs * steps // 10),
+    )
+    model.compile(optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.01, clipnorm=1.0))
     print(f"backend {keras.config.backend()}, {len(y_train)} training / {len(y_test)} "
           f"held-out sentences, {model.count_params()} parameters")
     model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,

@@ -39,6 +39,14 @@ class FunctionalModel(keras.Model):
     def from_config(cls, config):
         return cls(**config)
 
+    def compile_from_config(self, config):
+        """Re-compiles a loaded model with its saved optimizer, loss and metrics (tasks
+        override `compile` to give defaults, so Keras leaves this to them)."""
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if hasattr(self, "optimizer") and self.built:
+            self.optimizer.build(self.trainable_variables)
+
 
 def layer_dtype(dtype):
     """The policy that sub-layers created before `super().__init__` should use."""

@@ -174,10 +174,13 @@ class CausalLM(FunctionalModel):
             default_max_length=self.backbone.max_sequence_length,
             pad_token_id=self.pad_token_id,
         )
-        sampler = get_sampler(sampler) if sampler is not None else self.sampler
         stop = tuple(stop_token_ids) if stop_token_ids is not None else None
-        key = (id(sampler), stop, use_cache)
+        # A sampler named by a string is keyed by its name, so that repeated calls reuse one
+        # compiled function instead of compiling a fresh sampler's loop every time.
+        key = (sampler if isinstance(sampler, str) else id(sampler or self.sampler), stop,
+               use_cache)
         if key not in self._generate_functions:
+            sampler = get_sampler(sampler) if sampler is not None else self.sampler
 
             def step(token_ids, padding_mask):
                 return self.generate_step(token_ids, padding_mask, stop, sampler, use_cache)

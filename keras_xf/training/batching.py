@@ -45,7 +45,8 @@ def language_model_examples(token_ids, sequence_length, stride=None):
     """
     token_ids = np.asarray(token_ids, dtype="int32")
     stride = stride or sequence_length
-    starts = np.arange(0, len(token_ids) - sequence_length - 1, stride)
+    # A window needs sequence_length + 1 ids: starts 0 … len - sequence_length - 1 inclusive.
+    starts = np.arange(0, len(token_ids) - sequence_length, stride)
     if len(starts) == 0:
         raise ValueError(
             f"The stream ({len(token_ids)} ids) is shorter than sequence_length + 1 "

@@ -1,0 +1,330 @@
+"""Export keras_xf models for serving: SavedModel (TensorFlow, JAX), ONNX and `.pt2` (PyTorch).
+
+keras_xf's models take a dict of int32 `[batch, length]` tensors, and the inputs of one
+sequence (`token_ids`, `padding_mask`, `segment_ids`; or `encoder_…` / `decoder_…`) must share
+their batch and length. Keras' own `model.export` does not know that: on JAX it gives every
+`None` dimension its own symbol, so attention cannot broadcast a `[batch, a]` padding mask
+against `[batch, b]` queries. The helpers here declare the shared dimensions and otherwise use
+what Keras supports on each backend:
+
+| backend    | `export_saved_model`          | `export_onnx`                    | `export_torch` |
+|------------|-------------------------------|----------------------------------|----------------|
+| tensorflow | yes, dynamic batch and length | no: convert the SavedModel       | no             |
+| jax        | yes, dynamic batch and length | no: convert the SavedModel       | no             |
+| torch      | no (Keras needs `torch_xla`)  | yes, dynamic batch and length    | yes (`.pt2`)   |
+
+Every unsupported combination raises a `ValueError` that says why and what to use instead.
+See `docs/export.md`.
+
+Example:
+>>> from keras_xf.export import export_saved_model
+>>> export_saved_model(lm, "/tmp/lm")                         # TensorFlow or JAX backend
+>>> import tensorflow as tf
+>>> tf.saved_model.load("/tmp/lm").serve({"token_ids": ids, "padding_mask": mask})
+"""
+
+import keras
+
+# Input-name endings that mark the tensors of one sequence; the prefix before the ending names
+# the sequence ("" for `token_ids`, "encoder_" for `encoder_token_ids`, ...).
+SEQUENCE_INPUT_SUFFIXES = ("token_ids", "padding_mask", "segment_ids")
+
+
+def export_saved_model(model, path, verbose=False, **kwargs):
+    """Writes a TensorFlow SavedModel whose `serve` endpoint runs `model` (inference mode).
+
+    The endpoint takes a dict of int32 tensors named as the model's inputs and accepts any
+    batch size and sequence length (each sequence's inputs sharing theirs). On JAX the
+    computation is lowered with `jax2tf` (native serialization, for the platform JAX runs on);
+    pass `jax2tf_kwargs` to change that (e.g. `{"native_serialization_platforms": ("cpu",
+    "cuda")}`). keras_xf fills in `polymorphic_shapes` (shared batch and per-sequence length
+    symbols), `polymorphic_constraints` (each length at most the backbone's
+    `max_sequence_length`) and `with_gradient=False` (the artefact serves inference; jax2tf
+    loses the constraints when it converts the gradient) unless you give them.
+
+    Args:
+        model: a built functional keras_xf model (`CausalLM`, `Seq2SeqLM`, ...).
+        path: the SavedModel folder to write.
+        verbose: bool, whether Keras prints the endpoint summary.
+        **kwargs: passed on to `model.export(..., format="tf_saved_model")`.
+
+    Returns:
+        `path`. Load it with `tf.saved_model.load(path).serve(inputs)`.
+
+    Raises:
+        ValueError: on the PyTorch backend (see `export_onnx` and `export_torch`).
+    """
+    backend = keras.config.backend()
+    if backend == "torch":
+        raise ValueError(
+            "export_saved_model is not supported on the PyTorch backend: Keras exports a "
+            "torch model as a SavedModel only through `torch_xla` (StableHLO), which has no "
+            "release for this torch version, and its torch SavedModel path does not accept "
+            "dict inputs. Use keras_xf.export.export_onnx (ONNX) or export_torch (.pt2) "
+            "instead, or export from the TensorFlow or JAX backend."
+        )
+    if backend not in ("tensorflow", "jax"):
+        raise ValueError(
+            f"export_saved_model needs the TensorFlow or JAX backend. Received: {backend}"
+        )
+    signature = input_signature(model)
+    if backend == "jax":
+        jax2tf_kwargs = dict(kwargs.pop("jax2tf_kwargs", None) or {})
+        jax2tf_kwargs.setdefault("polymorphic_shapes", [_polymorphic_shapes(model)])
+        jax2tf_kwargs.setdefault("polymorphic_constraints", _length_constraints(model))
+        # An inference artefact: jax2tf's gradient function drops the constraints above.
+        jax2tf_kwargs.setdefault("with_gradient", False)
+        kwargs["jax2tf_kwargs"] = jax2tf_kwargs
+    model.export(str(path), format="tf_saved_model", input_signature=signature, verbose=verbose,
+                 **kwargs)
+    return path
+
+
+def export_onnx(model, path, opset_version=None, verbose=False):
+    """Writes an ONNX model (PyTorch backend) with dynamic batch and sequence lengths.
+
+    The graph is captured with `torch.export` (batch and each sequence's length symbolic,
+    lengths bounded by the backbone's `max_sequence_length`) and translated by torch's
+    dynamo ONNX exporter, which needs the `onnx` and `onnxscript` packages. Keras'
+    `model.export(format="onnx")` gives the same result for fixed shapes only: with dynamic
+    shapes it falls back to the TorchScript tracer, which cannot trace Keras'
+    `LayerNormalization` with a symbolic length.
+
+    The ONNX inputs are named as the model's inputs (int32); run it with
+    `onnxruntime.InferenceSession(path).run(None, inputs)`.
+
+    Args:
+        model: a built functional keras_xf model.
+        path: the `.onnx` file to write.
+        opset_version: int, the ONNX opset; torch's default when `None`.
+        verbose: bool, whether torch prints its export steps.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: on TensorFlow or JAX (export a SavedModel and convert it), or when
+            `onnx` / `onnxscript` are not installed.
+    """
+    backend = keras.config.backend()
+    if backend != "torch":
+        raise ValueError(
+            f"keras_xf.export.export_onnx supports the PyTorch backend only. Received: {backend}. "
+            "On TensorFlow and JAX, Keras' ONNX export needs `tf2onnx` / `jax2onnx` (not part "
+            "of keras_xf's set-up), and Keras' JAX ONNX path gives each input its own length. "
+            "Export a SavedModel with export_saved_model and convert it: "
+            "`python -m tf2onnx.convert --saved-model PATH --output model.onnx`."
+        )
+    for package in ("onnx", "onnxscript"):
+        _require(package, "export_onnx")
+    import torch
+
+    names, program = _torch_export_program(model)
+    with _quiet_torch_export():
+        onnx_program = torch.onnx.export(
+            program,
+            dynamo=True,
+            input_names=names,
+            opset_version=opset_version,
+            verbose=verbose,
+        )
+        onnx_program.optimize()
+        onnx_program.save(str(path))
+    return path
+
+
+def export_torch(model, path, verbose=False):
+    """Writes a `torch.export` ExportedProgram (`.pt2`, PyTorch backend) with dynamic shapes.
+
+    This is Keras' `model.export(path, format="torch")` with keras_xf's shared batch / length
+    dimensions. Load it with `torch.export.load(path).module()` and call that with the dict of
+    int32 tensors.
+
+    Args:
+        model: a built functional keras_xf model.
+        path: the file to write; must end with `.pt2`.
+        verbose: bool, whether Keras prints a message.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: on TensorFlow or JAX, or when `path` does not end with `.pt2`.
+    """
+    backend = keras.config.backend()
+    if backend != "torch":
+        raise ValueError(
+            f"export_torch needs the PyTorch backend (torch.export). Received: {backend}. "
+            "Use export_saved_model on TensorFlow and JAX."
+        )
+    if not str(path).endswith(".pt2"):
+        raise ValueError(f"export_torch writes a `.pt2` file. Received: path={path}")
+    dynamic_shapes, _ = _torch_dynamic_shapes(model)
+    with _quiet_torch_export():
+        model.export(str(path), format="torch", input_signature=input_signature(model),
+                     verbose=verbose, dynamic_shapes=[(dynamic_shapes,)])
+    return path
+
+
+def input_signature(model):
+    """`[{name: keras.InputSpec([None, None], dtype, name=name)}]`: the model's dict inputs,
+    with every dimension but fixed feature sizes left free (Keras' export convention: one
+    positional argument holding the whole dict)."""
+    inputs = _dict_inputs(model)
+    return [
+        {
+            name: keras.InputSpec(
+                shape=(None,) + tuple(tensor.shape[1:]), dtype=tensor.dtype, name=name
+            )
+            for name, tensor in inputs.items()
+        }
+    ]
+
+
+def sequence_dimensions(model):
+    """`{input name: (batch symbol, length symbol)}`: inputs of one sequence share a symbol.
+
+    `token_ids` / `padding_mask` → `("batch", "length")`; `encoder_token_ids` →
+    `("batch", "encoder_length")`; an input with another name gets a length of its own.
+    """
+    dims = {}
+    for name in _dict_inputs(model):
+        for suffix in SEQUENCE_INPUT_SUFFIXES:
+            if name.endswith(suffix):
+                dims[name] = ("batch", f"{name[: -len(suffix)]}length")
+                break
+        else:
+            dims[name] = ("batch", f"{name}_length")
+    return dims
+
+
+# ----------------------------------------------------------------------------------------
+def _dict_inputs(model):
+    if not isinstance(model, keras.Model) or not model.built:
+        raise ValueError(f"Export needs a built keras.Model. Received: {model!r}")
+    inputs = getattr(model, "_inputs_struct", None)
+    if not isinstance(inputs, dict):
+        raise ValueError(
+            "keras_xf.export handles functional models with dict inputs (keras_xf's models). "
+            f"Received inputs: {inputs!r}; use `model.export` directly."
+        )
+    for name, tensor in inputs.items():
+        if len(tensor.shape) != 2:
+            raise ValueError(
+                "keras_xf.export expects [batch, length] inputs. "
+                f"Received: {name} with shape {tensor.shape}"
+            )
+    return inputs
+
+
+def _polymorphic_shapes(model):
+    """jax2tf `polymorphic_shapes` for the dict argument, e.g. `"(batch, length)"`."""
+    dims = sequence_dimensions(model)
+    return {name: f"({batch}, {length})" for name, (batch, length) in dims.items()}
+
+
+def _length_constraints(model):
+    """`("length <= 512", ...)`: lengths fit the backbone's position table (learned positions
+    slice it, which jax2tf must prove in bounds)."""
+    max_length = _max_length(model)
+    if max_length is None:
+        return ()
+    lengths = sorted({length for _, length in sequence_dimensions(model).values()})
+    return tuple(f"{length} <= {max_length}" for length in lengths)
+
+
+def _max_length(model):
+    backbone = getattr(model, "backbone", model)
+    length = getattr(backbone, "max_sequence_length", None)
+    return int(length) if length else None
+
+
+def _torch_dynamic_shapes(model):
+    """torch.export `dynamic_shapes` for the dict argument, and a sample batch for tracing."""
+    import torch
+
+    max_length = _max_length(model)
+    # torch.export specialises dimensions whose sample value is 0 or 1: trace with 2 and 3.
+    sample_length = 3 if max_length is None else min(3, max_length)
+    symbols = {"batch": torch.export.Dim("batch", min=1)}
+    shapes, sample = {}, {}
+    for name, (batch, length) in sequence_dimensions(model).items():
+        if length not in symbols:
+            symbols[length] = torch.export.Dim(length, min=1, max=max_length)
+        shapes[name] = {0: symbols[batch], 1: symbols[length]}
+        dtype = getattr(torch, keras.backend.standardize_dtype(_dict_inputs(model)[name].dtype))
+        sample[name] = torch.ones((2, sample_length), dtype=dtype)
+    return shapes, sample
+
+
+def _torch_export_program(model):
+    """`(input names, ExportedProgram)` of `model` called on a flat tuple of its inputs."""
+    import torch
+
+    dynamic_shapes, sample = _torch_dynamic_shapes(model)
+    names = list(sample)
+
+    class _FlatInputs(torch.nn.Module):
+        """Calls the model with a dict rebuilt from positional tensors (ONNX inputs are flat)."""
+
+        def __init__(self, wrapped):
+            super().__init__()
+            self.wrapped = wrapped
+
+        def forward(self, *tensors):
+            return self.wrapped(dict(zip(names, tensors)), training=False)
+
+    was_training = model.training
+    model.eval()
+    try:
+        with _quiet_torch_export():
+            program = torch.export.export(
+                _FlatInputs(model),
+                tuple(sample[name] for name in names),
+                # `forward(*tensors)`: torch.export sees one argument, the tuple.
+                dynamic_shapes=[tuple(dynamic_shapes[name] for name in names)],
+                strict=False,
+            )
+    finally:
+        model.train(was_training)
+    return names, program
+
+
+def _require(package, function):
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise ValueError(
+            f"{function} needs the `{package}` package: pip install onnx onnxscript "
+            "(and onnxruntime to run the result)."
+        )
+
+
+class _quiet_torch_export:
+    """Silences the warnings torch.export / torch.onnx raise for Keras' layer bookkeeping."""
+
+    # torch.onnx logs one warning per torchvision operator it cannot register.
+    _LOGGER = "torch.onnx._internal.exporter._registration"
+
+    def __enter__(self):
+        import logging
+        import warnings
+
+        self._context = warnings.catch_warnings()
+        self._context.__enter__()
+        for message in (
+            r".*not properly registered as a submodule.*",
+            r".*created when tracing.*",
+            r".*Unable to find the path of the module.*",
+            r".*get_attr.*",
+            r".*LeafSpec.*",
+        ):
+            warnings.filterwarnings("ignore", message=message)
+        self._logger = logging.getLogger(self._LOGGER)
+        self._level = self._logger.level
+        self._logger.setLevel(logging.ERROR)
+        return self
+
+    def __exit__(self, *exc_info):
+        self._logger.setLevel(self._level)
+        return self._context.__exit__(*exc_info)

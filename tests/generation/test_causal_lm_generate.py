@@ -1,0 +1,222 @@
+"""CausalLM.generate: greedy = step-by-step argmax, cache = no cache, beam(1) = greedy, prompt
+forms, stop tokens, samplers, errors, and one compiled loop per shape.
+
+One module-scoped model (rotary positions, grouped-query attention, untied output) serves
+every test; batches are 3 prompts of lengths 3, 2, 4 generated to length 10, so most tests
+reuse one compiled loop.
+"""
+
+import keras_hub
+import numpy as np
+import pytest
+
+from keras_xf.layers import FeedForward
+from keras_xf.layers import MultiHeadAttention
+from keras_xf.layers import TransformerBlock
+from keras_xf.models import CausalLM
+from tests.models.tiny import FFN
+from tests.models.tiny import VOCAB
+from tests.models.tiny import WIDTH
+from tests.models.tiny import randomize_embeddings
+from tests.models.tiny import to_numpy
+
+PROMPTS = [[3, 4, 5], [6, 7], [9, 10, 11, 12]]
+MAX_LENGTH = 10
+
+
+@pytest.fixture(scope="module")
+def lm():
+    import keras
+
+    keras.utils.set_random_seed(2)
+    block = TransformerBlock(
+        mixer=MultiHeadAttention(num_heads=4, head_dim=4, num_key_value_heads=2),
+        feedforward=FeedForward(FFN, activation="gelu"),
+        norm_placement="pre",
+    )
+    model = CausalLM(vocabulary_size=VOCAB, num_layers=2, hidden_dim=WIDTH, block=block,
+                     max_sequence_length=12, position="rotary", tie_embeddings=False)
+    return randomize_embeddings(model, seed=2)
+
+
+@pytest.fixture(scope="module")
+def greedy(lm):
+    """The default (greedy, cached) generation of PROMPTS, as `[3, MAX_LENGTH]` ids."""
+    return np.array(lm.generate(PROMPTS, max_length=MAX_LENGTH))
+
+
+def right_padded(prompts, width=MAX_LENGTH):
+    ids = np.zeros((len(prompts), width), "int32")
+    mask = np.zeros((len(prompts), width), bool)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = prompt
+        mask[row, : len(prompt)] = True
+    return {"token_ids": ids, "padding_mask": mask}
+
+
+def left_padded(prompts, width=MAX_LENGTH):
+    ids = np.zeros((len(prompts), width), "int32")
+    mask = np.zeros((len(prompts), width), bool)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = prompt
+        mask[row, width - len(prompt):] = True
+    return {"token_ids": ids, "padding_mask": mask}
+
+
+def full_logits(lm, token_ids):
+    token_ids = np.asarray(token_ids, "int32")
+    return to_numpy(lm({"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}))
+
+
+def test_greedy_is_the_argmax_of_the_full_forward_pass(lm, greedy):
+    assert greedy.shape == (3, MAX_LENGTH)
+    for row, prompt in zip(greedy, PROMPTS):
+        assert row[: len(prompt)].tolist() == prompt
+    # The model is causal: logits at t-1 of the finished sequence are those the generator saw
+    # when it chose token t.
+    logits = full_logits(lm, greedy)
+    for b, prompt in enumerate(PROMPTS):
+        for t in range(len(prompt), MAX_LENGTH):
+            scores = logits[b, t - 1]
+            # Chosen token is the argmax (up to float round-off between the two paths).
+            assert scores[greedy[b, t]] >= scores.max() - 1e-4, (b, t)
+    # The continuations are not degenerate, so the comparison above means something.
+    assert len(set(greedy[:, 4:].ravel().tolist())) >= 4
+
+
+def test_no_cache_path_gives_the_same_tokens(lm, greedy):
+    tokens = lm.generate(PROMPTS, max_length=MAX_LENGTH, use_cache=False)
+    np.testing.assert_array_equal(np.array(tokens), greedy)
+
+
+def test_beam_search_with_one_beam_is_greedy(lm, greedy):
+    sampler = keras_hub.samplers.BeamSampler(num_beams=1)
+    tokens = lm.generate(PROMPTS, max_length=MAX_LENGTH, sampler=sampler)
+    np.testing.assert_array_equal(np.array(tokens), greedy)
+
+
+def test_beam_search_cache_and_no_cache_agree(lm):
+    # Three beams: the cached path must reorder its caches with the beams.
+    sampler = keras_hub.samplers.BeamSampler(num_beams=3)
+    cached = np.array(lm.generate(PROMPTS, max_length=MAX_LENGTH, sampler=sampler))
+    uncached = np.array(lm.generate(PROMPTS, max_length=MAX_LENGTH, sampler=sampler,
+                                    use_cache=False))
+    np.testing.assert_array_equal(cached, uncached)
+    for row, prompt in zip(cached, PROMPTS):
+        assert row[: len(prompt)].tolist() == prompt
+
+
+@pytest.mark.parametrize("form", [right_padded, left_padded, list])
+def test_prompts_of_different_lengths_match_each_prompt_alone(lm, form):
+    batched = lm.generate(form(PROMPTS), max_length=MAX_LENGTH)
+    rows = batched["token_ids"] if isinstance(batched, dict) else batched
+    for prompt, row in zip(PROMPTS, rows):
+        alone = lm.generate(np.array(prompt), max_length=MAX_LENGTH)
+        np.testing.assert_array_equal(np.asarray(row), alone)
+
+
+def test_return_structure_follows_the_input_structure(lm, greedy):
+    as_dict = lm.generate(right_padded(PROMPTS))  # max_length = the dict's width
+    assert isinstance(as_dict, dict) and set(as_dict) == {"token_ids", "padding_mask"}
+    assert as_dict["token_ids"].shape == as_dict["padding_mask"].shape == (3, MAX_LENGTH)
+    np.testing.assert_array_equal(as_dict["token_ids"], greedy)
+    assert as_dict["padding_mask"].all()
+
+    as_list = lm.generate(PROMPTS, max_length=MAX_LENGTH)
+    assert isinstance(as_list, list) and all(isinstance(row, list) for row in as_list)
+    assert as_list == greedy.tolist()
+
+    equal_length = np.array([p[:2] for p in PROMPTS], "int32")
+    as_array = lm.generate(equal_length, max_length=MAX_LENGTH)
+    assert isinstance(as_array, np.ndarray) and as_array.shape == (3, MAX_LENGTH)
+    np.testing.assert_array_equal(as_array[:, :2], equal_length)
+
+    single = lm.generate(np.array(PROMPTS[0]), max_length=MAX_LENGTH)
+    assert isinstance(single, np.ndarray) and single.shape == (MAX_LENGTH,)
+    np.testing.assert_array_equal(single, greedy[0])
+    assert lm.generate(PROMPTS[0], max_length=MAX_LENGTH).tolist() == greedy[0].tolist()
+
+
+def test_stop_token_ids_stop_rows_and_end_the_padding_mask(lm, greedy):
+    # Stop at row 1's first generated token: row 1 stops at once; any other row stops where
+    # it first generates that token, if it does. A stop id that only occurs in prompts is
+    # added too: prompt tokens never stop a row.
+    stop = int(greedy[1, len(PROMPTS[1])])
+    generated_ids = {int(t) for b, p in enumerate(PROMPTS) for t in greedy[b, len(p):]}
+    in_prompts_only = sorted({t for p in PROMPTS for t in p} - generated_ids)
+    stop_ids = [stop] + in_prompts_only[:1]
+    result = lm.generate(right_padded(PROMPTS), stop_token_ids=stop_ids)
+    stopped = 0
+    for b, prompt in enumerate(PROMPTS):
+        generated = greedy[b, len(prompt):].tolist()
+        end = len(prompt) + generated.index(stop) + 1 if stop in generated else MAX_LENGTH
+        stopped += end < MAX_LENGTH
+        expected_mask = np.arange(MAX_LENGTH) < end
+        np.testing.assert_array_equal(result["padding_mask"][b], expected_mask)
+        np.testing.assert_array_equal(result["token_ids"][b, :end], greedy[b, :end])
+        if end < MAX_LENGTH:
+            assert result["token_ids"][b, end - 1] == stop
+    assert stopped >= 1
+    assert result["padding_mask"][1].sum() == len(PROMPTS[1]) + 1
+
+
+@pytest.mark.parametrize(
+    "make_sampler",
+    [
+        lambda: keras_hub.samplers.TopKSampler(k=4, temperature=0.7, seed=1),
+        lambda: keras_hub.samplers.TopPSampler(p=0.8, temperature=1.5, seed=1),
+        lambda: keras_hub.samplers.RandomSampler(temperature=0.5, seed=1),
+    ],
+    ids=["top_k", "top_p", "random"],
+)
+def test_sampling_gives_valid_ids_and_reuses_the_compiled_loop(lm, make_sampler):
+    # Two calls with one sampler and the same shapes: one new compiled function, reused.
+    sampler = make_sampler()
+    before = len(lm._generate_functions)
+    first = np.array(lm.generate(PROMPTS, max_length=MAX_LENGTH, sampler=sampler))
+    second = np.array(lm.generate(PROMPTS[::-1], max_length=MAX_LENGTH, sampler=sampler))
+    assert len(lm._generate_functions) == before + 1
+    for tokens, prompts in ((first, PROMPTS), (second, PROMPTS[::-1])):
+        assert tokens.shape == (3, MAX_LENGTH)
+        assert tokens.min() >= 0 and tokens.max() < VOCAB
+        for row, prompt in zip(tokens, prompts):
+            assert row[: len(prompt)].tolist() == prompt
+    if isinstance(sampler, keras_hub.samplers.TopKSampler):
+        # Every sampled token is among the k most likely ones at its step.
+        logits = full_logits(lm, first)
+        for b, prompt in enumerate(PROMPTS):
+            for t in range(len(prompt), MAX_LENGTH):
+                top = np.argsort(logits[b, t - 1])[-4:]
+                assert first[b, t] in top
+
+
+def test_a_sampler_named_by_a_string_is_compiled_once(lm, greedy):
+    before = len(lm._generate_functions)
+    first = lm.generate(PROMPTS, max_length=MAX_LENGTH, sampler="greedy")
+    second = lm.generate(PROMPTS, max_length=MAX_LENGTH, sampler="greedy")
+    assert len(lm._generate_functions) == before + 1
+    assert first == second == greedy.tolist()
+
+
+def test_prompt_longer_than_max_length_raises(lm):
+    with pytest.raises(ValueError, match="longer than max_length"):
+        lm.generate([[3, 4, 5, 6, 7]], max_length=4)
+    with pytest.raises(ValueError, match="longer than max_length"):
+        lm.generate(np.arange(3, 9), max_length=5)
+    with pytest.raises(ValueError, match="longer than max_length"):
+        lm.generate(right_padded([[3, 4, 5, 6, 7, 8]], width=8), max_length=5)
+
+
+def test_empty_prompts_raise(lm):
+    with pytest.raises(ValueError, match="at least one token"):
+        lm.generate([[3, 4], []], max_length=MAX_LENGTH)
+    with pytest.raises(ValueError, match="at least one token"):
+        lm.generate(np.zeros((0,), "int32"), max_length=MAX_LENGTH)
+    with pytest.raises(ValueError, match="at least one token"):
+        lm.generate({"token_ids": np.zeros((2, MAX_LENGTH), "int32"),
+                     "padding_mask": np.array([[1] + [0] * 9, [0] * 10], bool)})
+
+
+def test_unknown_sampler_raises(lm):
+    with pytest.raises(ValueError, match="sampler"):
+        lm.generate(PROMPTS, max_length=MAX_LENGTH, sampler="nucleus")

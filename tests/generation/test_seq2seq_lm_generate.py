@@ -1,0 +1,143 @@
+"""Seq2SeqLM.generate: greedy = step-by-step argmax, cache = no cache for greedy and beam
+search, beam(1) = greedy, source padding, decoder prompts, stop tokens and return forms.
+
+One module-scoped model (separate source and target embeddings, learned positions, untied
+output) serves every test; sources are 3 sequences of lengths 5, 2, 3 and targets have
+length 8, so most tests reuse one compiled loop.
+"""
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+
+from tests.models.tiny import VOCAB
+from tests.models.tiny import randomize_embeddings
+from tests.models.tiny import seq2seq_lm
+from tests.models.tiny import to_numpy
+
+SOURCE_VOCAB = 20
+SOURCES = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
+WIDTH = 5  # the longest source
+MAX_LENGTH = 8
+START = 1
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(2)
+    lm = seq2seq_lm(num_layers=1, position="learned", tie_embeddings=False,
+                    share_embeddings=False, source_vocabulary_size=SOURCE_VOCAB,
+                    start_token_id=START)
+    return randomize_embeddings(lm, seed=2)
+
+
+@pytest.fixture(scope="module")
+def greedy(model):
+    return np.array(model.generate(SOURCES, max_length=MAX_LENGTH))
+
+
+def padded_sources(sources=SOURCES, width=WIDTH):
+    ids = np.zeros((len(sources), width), "int32")
+    mask = np.zeros((len(sources), width), "int32")
+    for row, source in enumerate(sources):
+        ids[row, : len(source)] = source
+        mask[row, : len(source)] = 1
+    return {"encoder_token_ids": ids, "encoder_padding_mask": mask}
+
+
+def test_greedy_is_the_argmax_of_the_full_forward_pass(model, greedy):
+    assert greedy.shape == (3, MAX_LENGTH)
+    assert (greedy[:, 0] == START).all()
+    batch = dict(padded_sources(), decoder_token_ids=greedy.astype("int32"),
+                 decoder_padding_mask=np.ones_like(greedy, "int32"))
+    logits = to_numpy(model(batch))
+    for b in range(3):
+        for t in range(1, MAX_LENGTH):
+            scores = logits[b, t - 1]
+            assert scores[greedy[b, t]] >= scores.max() - 1e-4, (b, t)
+    assert len(set(greedy[:, 1:].ravel().tolist())) >= 4
+
+
+def test_no_cache_path_gives_the_same_tokens(model, greedy):
+    tokens = model.generate(SOURCES, max_length=MAX_LENGTH, use_cache=False)
+    np.testing.assert_array_equal(np.array(tokens), greedy)
+
+
+def test_beam_search_with_one_beam_is_greedy(model, greedy):
+    sampler = keras_hub.samplers.BeamSampler(num_beams=1)
+    tokens = model.generate(SOURCES, max_length=MAX_LENGTH, sampler=sampler)
+    np.testing.assert_array_equal(np.array(tokens), greedy)
+
+
+def test_beam_search_cache_and_no_cache_agree(model):
+    sampler = keras_hub.samplers.BeamSampler(num_beams=3)
+    cached = np.array(model.generate(SOURCES, max_length=MAX_LENGTH, sampler=sampler))
+    uncached = np.array(model.generate(SOURCES, max_length=MAX_LENGTH, sampler=sampler,
+                                       use_cache=False))
+    np.testing.assert_array_equal(cached, uncached)
+    assert cached.shape == (3, MAX_LENGTH) and (cached[:, 0] == START).all()
+    assert cached.min() >= 0 and cached.max() < VOCAB
+
+
+def test_sources_of_different_lengths_match_each_source_alone(model, greedy):
+    for row, source in enumerate(SOURCES):
+        alone = model.generate(padded_sources([source]), max_length=MAX_LENGTH)
+        np.testing.assert_array_equal(alone["decoder_token_ids"][0], greedy[row])
+        assert alone["decoder_padding_mask"].all()
+
+
+def test_decoder_prompts_are_kept_and_continued(model, greedy):
+    prefix = 3
+    inputs = padded_sources()
+    inputs["decoder_token_ids"] = np.where(np.arange(MAX_LENGTH) < prefix, greedy, 0)
+    inputs["decoder_padding_mask"] = np.broadcast_to(np.arange(MAX_LENGTH) < prefix,
+                                                     greedy.shape)
+    result = model.generate(inputs)
+    assert set(result) == {"decoder_token_ids", "decoder_padding_mask"}
+    # A prefix of the greedy output continues as the greedy output.
+    np.testing.assert_array_equal(result["decoder_token_ids"], greedy)
+
+    forced = inputs["decoder_token_ids"].copy()
+    forced[:, 1] = (greedy[:, 1] + 1) % VOCAB
+    result = model.generate(dict(inputs, decoder_token_ids=forced))
+    np.testing.assert_array_equal(result["decoder_token_ids"][:, :prefix], forced[:, :prefix])
+
+
+def test_return_structure_follows_the_source_structure(model, greedy):
+    as_dict = model.generate(padded_sources(), max_length=MAX_LENGTH)
+    assert set(as_dict) == {"decoder_token_ids", "decoder_padding_mask"}
+    np.testing.assert_array_equal(as_dict["decoder_token_ids"], greedy)
+
+    as_list = model.generate(SOURCES, max_length=MAX_LENGTH)
+    assert isinstance(as_list, list) and as_list == greedy.tolist()
+
+    equal_length = np.array([(s * WIDTH)[:WIDTH] for s in SOURCES], "int32")
+    as_array = model.generate(equal_length, max_length=MAX_LENGTH)
+    assert isinstance(as_array, np.ndarray) and as_array.shape == (3, MAX_LENGTH)
+    np.testing.assert_array_equal(as_array[0], greedy[0])  # row 0 is unchanged
+
+    single = model.generate(np.array(SOURCES[0]), max_length=MAX_LENGTH)
+    assert isinstance(single, np.ndarray) and single.shape == (MAX_LENGTH,)
+    np.testing.assert_array_equal(single, greedy[0])
+
+
+def test_stop_token_ids_stop_rows_and_end_the_padding_mask(model, greedy):
+    stop = int(greedy[0, 1])
+    result = model.generate(padded_sources(), max_length=MAX_LENGTH, stop_token_ids=[stop])
+    for b in range(3):
+        generated = greedy[b, 1:].tolist()
+        end = 1 + generated.index(stop) + 1 if stop in generated else MAX_LENGTH
+        np.testing.assert_array_equal(result["decoder_padding_mask"][b],
+                                      np.arange(MAX_LENGTH) < end)
+        np.testing.assert_array_equal(result["decoder_token_ids"][b, :end], greedy[b, :end])
+    assert result["decoder_padding_mask"][0].sum() == 2
+
+
+def test_errors(model):
+    with pytest.raises(ValueError, match="at least one token"):
+        model.generate([[3, 4], []], max_length=MAX_LENGTH)
+    inputs = padded_sources()
+    inputs["decoder_token_ids"] = np.ones((3, 6), "int32")
+    with pytest.raises(ValueError, match="longer than max_length"):
+        model.generate(inputs, max_length=4)

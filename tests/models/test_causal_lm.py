@@ -1,0 +1,202 @@
+"""CausalLM: a causal TransformerBackbone with a tied or untied output projection."""
+
+import numpy as np
+import pytest
+
+from keras_xf.layers import FeedForward
+from keras_xf.layers import MultiHeadAttention
+from keras_xf.layers import RotaryEmbedding
+from keras_xf.layers import TransformerBlock
+from keras_xf.models import CausalLM
+from keras_xf.models import TransformerBackbone
+from tests.models.tiny import FFN
+from tests.models.tiny import LAYERS
+from tests.models.tiny import LENGTH
+from tests.models.tiny import VOCAB
+from tests.models.tiny import WIDTH
+from tests.models.tiny import block_params
+from tests.models.tiny import causal_lm
+from tests.models.tiny import dtype_name
+from tests.models.tiny import randomize_embeddings
+from tests.models.tiny import to_numpy
+from tests.models.tiny import token_batch
+
+
+ABAB = {"token_ids": np.array([[7, 9, 7, 9]], "int32"), "padding_mask": np.ones((1, 4), "int32")}
+
+
+def logits_of(model, batch):
+    return to_numpy(model(batch, training=False))
+
+
+def assert_causal(model, rng):
+    """Changing the token at position t changes no logits before t."""
+    batch = token_batch(rng, batch=1, length=8)
+    changed = {k: v.copy() for k, v in batch.items()}
+    changed["token_ids"][0, 5] = (changed["token_ids"][0, 5] + 1) % VOCAB
+    before, after = logits_of(model, batch), logits_of(model, changed)
+    np.testing.assert_allclose(after[:, :5], before[:, :5], atol=1e-5)
+    assert not np.allclose(after[:, 5:], before[:, 5:], atol=1e-4)
+
+
+def test_keyword_form_builds_a_post_norm_relu_model(rng):
+    model = CausalLM(vocabulary_size=VOCAB, num_layers=LAYERS, hidden_dim=WIDTH, num_heads=2,
+                     intermediate_dim=FFN, max_sequence_length=LENGTH)
+    batch = token_batch(rng, batch=2, length=7, lengths=[7, 4])
+    logits = model(batch)
+    assert tuple(logits.shape) == (2, 7, VOCAB)
+    assert dtype_name(logits) == "float32"
+    # Tied output, sinusoidal positions: token table plus the blocks, nothing else.
+    assert model.count_params() == VOCAB * WIDTH + LAYERS * block_params()
+    blocks = model.backbone.transformer_stack.blocks
+    assert len(blocks) == LAYERS
+    assert blocks[0].norm_placement == "post"
+    assert blocks[0].feedforward.activation == "relu"
+    assert blocks[0].mixer.num_heads == 2
+    assert blocks[0].feedforward.hidden_dim == FFN
+    assert model.backbone.causal and model.backbone.position == "sinusoidal"
+
+
+def test_block_form_uses_the_template_for_every_layer(rng):
+    model = CausalLM(
+        vocabulary_size=VOCAB,
+        num_layers=LAYERS,
+        hidden_dim=WIDTH,
+        block=TransformerBlock(
+            mixer=MultiHeadAttention(num_heads=4, head_dim=4),
+            feedforward=FeedForward(hidden_dim=FFN, activation="gelu"),
+            norm_placement="pre",
+        ),
+        max_sequence_length=LENGTH,
+        position="learned",
+    )
+    logits = model(token_batch(rng, batch=2, length=LENGTH))
+    assert tuple(logits.shape) == (2, LENGTH, VOCAB)
+    expected = (
+        VOCAB * WIDTH  # tied token table
+        + LENGTH * WIDTH  # learned positions
+        + LAYERS * block_params(heads=4, head_dim=4)
+        + 2 * WIDTH  # the final LayerNorm of a pre-norm stack
+    )
+    assert model.count_params() == expected
+    blocks = model.backbone.transformer_stack.blocks
+    assert [b.norm_placement for b in blocks] == ["pre"] * LAYERS
+    assert [b.feedforward.activation for b in blocks] == ["gelu"] * LAYERS
+    assert [(b.mixer.num_heads, b.mixer.head_dim) for b in blocks] == [(4, 4)] * LAYERS
+    # Fresh weights per layer, not shared with each other.
+    kernels = [to_numpy(b.feedforward.weights[0]) for b in blocks]
+    assert not np.allclose(kernels[0], kernels[1])
+    assert_causal(model, rng)
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "learned", "rotary"])
+def test_positions(rng, position):
+    model = causal_lm(position=position, num_layers=1)
+    extra = LENGTH * WIDTH if position == "learned" else 0
+    assert model.count_params() == VOCAB * WIDTH + block_params() + extra
+    mixer = model.backbone.transformer_stack.blocks[0].mixer
+    assert isinstance(mixer.position, RotaryEmbedding) == (position == "rotary")
+    assert_causal(model, rng)
+    # Positions matter: in `a b a b` the second `b` sees the same mix of tokens as the first
+    # (attention is order-blind), so only positions can tell them apart.
+    randomize_embeddings(model)
+    logits = logits_of(model, ABAB)[0]
+    assert not np.allclose(logits[1], logits[3], atol=1e-4)
+
+
+def test_position_none_is_order_blind_up_to_causality(rng):
+    model = causal_lm(position="none", num_layers=1)
+    randomize_embeddings(model)
+    logits = logits_of(model, ABAB)[0]
+    np.testing.assert_allclose(logits[3], logits[1], atol=1e-5)
+
+
+def test_tied_and_untied_output_projection(rng):
+    tied = causal_lm(num_layers=1)
+    untied = causal_lm(num_layers=1, tie_embeddings=False)
+    assert untied.count_params() - tied.count_params() == VOCAB * WIDTH
+    batch = token_batch(rng)
+    for model in (tied, untied):
+        randomize_embeddings(model)
+        hidden = to_numpy(model.backbone(batch))
+        embedding = model.backbone.token_embedding
+        projection = (to_numpy(embedding.embeddings).T if model is tied
+                      else to_numpy(embedding.reverse_embeddings))
+        np.testing.assert_allclose(logits_of(model, batch), hidden @ projection, atol=1e-4,
+                                   rtol=1e-5)
+
+
+def test_padding_does_not_change_real_positions(rng):
+    model = causal_lm(num_layers=1)
+    short = token_batch(rng, batch=1, length=5)
+    longer = {
+        "token_ids": np.pad(short["token_ids"], ((0, 0), (0, 3))),
+        "padding_mask": np.pad(short["padding_mask"], ((0, 0), (0, 3))),
+    }
+    np.testing.assert_allclose(logits_of(model, longer)[:, :5], logits_of(model, short), atol=1e-5)
+
+
+def test_accepts_a_backbone():
+    backbone = TransformerBackbone(VOCAB, num_layers=1, hidden_dim=WIDTH, num_heads=2,
+                                   intermediate_dim=FFN, max_sequence_length=LENGTH, causal=True)
+    model = CausalLM(backbone=backbone)
+    assert model.backbone is backbone
+    assert model.count_params() == backbone.count_params()
+
+
+def test_config_round_trip():
+    model = causal_lm(num_layers=1, position="rotary", num_key_value_heads=1, pad_token_id=3)
+    config = model.get_config()
+    clone = CausalLM.from_config(config)
+    assert clone.get_config() == config
+    assert clone.pad_token_id == 3
+    assert clone.count_params() == model.count_params()
+    assert clone.backbone.transformer_stack.blocks[0].mixer.num_key_value_heads == 1
+
+
+def test_invalid_arguments_raise():
+    with pytest.raises(ValueError, match="num_heads"):
+        CausalLM(vocabulary_size=VOCAB, num_layers=1, hidden_dim=WIDTH, intermediate_dim=FFN)
+    with pytest.raises(ValueError, match="vocabulary_size"):
+        causal_lm(vocabulary_size=0)
+    with pytest.raises(ValueError, match="causal"):
+        CausalLM(backbone=TransformerBackbone(VOCAB, 1, WIDTH, num_heads=2, intermediate_dim=FFN))
+    with pytest.raises(ValueError, match="either a backbone or backbone arguments"):
+        CausalLM(backbone=TransformerBackbone(VOCAB, 1, WIDTH, num_heads=2, intermediate_dim=FFN,
+                                              causal=True), num_layers=2)
+
+
+def test_gpt2_small_preset_with_tiny_overrides():
+    model = CausalLM.from_preset(
+        "gpt2_small", vocabulary_size=VOCAB, num_layers=1, hidden_dim=WIDTH, num_heads=2,
+        intermediate_dim=FFN, max_sequence_length=LENGTH,
+    )
+    config = model.backbone.get_config()
+    # Overridden sizes; the GPT-2 architecture kept.
+    assert (config["vocabulary_size"], config["num_layers"], config["hidden_dim"]) == (
+        VOCAB, 1, WIDTH)
+    assert config["position"] == "learned"
+    assert config["norm_placement"] == "pre"
+    assert config["activation"] == "gelu"
+    assert config["tie_embeddings"] is True
+    assert config["dropout"] == 0.1
+    assert model.count_params() == (
+        VOCAB * WIDTH + LENGTH * WIDTH + block_params() + 2 * WIDTH
+    )
+
+
+def test_gpt2_small_preset_hyperparameters():
+    from keras_xf.models.presets import preset_config
+
+    config = preset_config("gpt2_small", "causal_lm")
+    assert {k: config[k] for k in ("vocabulary_size", "num_layers", "hidden_dim", "num_heads",
+                                    "intermediate_dim", "max_sequence_length")} == dict(
+        vocabulary_size=50257, num_layers=12, hidden_dim=768, num_heads=12,
+        intermediate_dim=3072, max_sequence_length=1024)
+
+
+def test_unknown_or_mismatched_preset_raises():
+    with pytest.raises(ValueError, match="Unknown preset"):
+        CausalLM.from_preset("gpt5_huge")
+    with pytest.raises(ValueError, match="transformer_base"):
+        CausalLM.from_preset("transformer_base")

@@ -1,0 +1,98 @@
+"""Every model trains under mixed_float16 and mixed_bfloat16, and under XLA (jit_compile=True).
+
+On TensorFlow and JAX the mixed_bfloat16 runs use jit_compile=True (all four models under
+XLA); the language models also train under XLA in float32.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_xf.models import CausalLM
+from keras_xf.models import Seq2SeqLM
+from keras_xf.models import TextClassifier
+from tests.layer_checks import BACKEND
+from tests.layer_checks import xla_only
+from tests.models.tiny import batch_for
+from tests.models.tiny import causal_lm
+from tests.models.tiny import dtype_name
+from tests.models.tiny import seq2seq_lm
+from tests.models.tiny import text_classifier
+from tests.models.tiny import text_encoder
+from tests.models.tiny import to_numpy
+
+STEPS, BATCH = 20, 2
+HAS_XLA = BACKEND in ("tensorflow", "jax")
+
+FACTORIES = {
+    "causal_lm": lambda **kw: causal_lm(num_layers=1, position="rotary", **kw),
+    "seq2seq_lm": lambda **kw: seq2seq_lm(**kw),
+    "text_encoder": lambda **kw: text_encoder(projection_dim=8, **kw),
+    "text_classifier": lambda **kw: text_classifier(**kw),
+}
+
+
+def training_data(model, rng):
+    """`STEPS` batches of `BATCH` examples (one epoch of `STEPS` steps)."""
+    x, y = batch_for(model, rng, batch=BATCH * STEPS)
+    return x, y
+
+
+def compile_model(model, **kwargs):
+    optimizer = keras.optimizers.Adam(1e-3)
+    if isinstance(model, (CausalLM, Seq2SeqLM, TextClassifier)):
+        model.compile(optimizer=optimizer, **kwargs)  # the task's default loss
+    else:
+        model.compile(optimizer=optimizer, loss="mse", **kwargs)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_trains_under_mixed_precision(rng, name, policy):
+    model = FACTORIES[name](dtype=policy)
+    half = keras.DTypePolicy(policy).compute_dtype
+    assert model.dtype_policy.name == policy
+    for layer in model._flatten_layers(include_self=False):
+        if layer.weights:
+            assert layer.compute_dtype == half, (layer.name, layer.dtype_policy.name)
+    assert all(dtype_name(w) == "float32" for w in model.weights)
+    x, y = training_data(model, rng)
+    # bfloat16 is the XLA (TPU) precision: on TensorFlow and JAX it trains under
+    # jit_compile=True, so these runs also check every model under XLA.
+    jit_compile = policy == "mixed_bfloat16" and HAS_XLA
+    compile_model(model, jit_compile=jit_compile or "auto")
+    assert model.jit_compile is True or not jit_compile
+    if policy == "mixed_float16":
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    else:
+        assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    history = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+    # Dynamic loss scaling skips the steps whose scaled gradients overflow (the first ones,
+    # while the scale comes down from 2**15); the others are applied.
+    applied = int(to_numpy(model.optimizer.iterations))
+    assert applied == STEPS if policy == "mixed_bfloat16" else STEPS // 2 <= applied <= STEPS
+    assert np.isfinite(history.history["loss"][0])
+    outputs = model(keras.tree.map_structure(lambda v: v[:BATCH], x))
+    assert dtype_name(outputs) == "float32"
+    assert np.all(np.isfinite(to_numpy(outputs)))
+    assert all(dtype_name(w) == "float32" for w in model.weights)
+
+
+def test_global_policy_reaches_every_layer(rng):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = causal_lm(num_layers=1)
+    assert model.dtype_policy.name == "mixed_bfloat16"
+    hidden = model.backbone(batch_for(model, rng)[0])
+    assert dtype_name(hidden) == "bfloat16"
+    assert dtype_name(model(batch_for(model, rng)[0])) == "float32"
+
+
+@xla_only
+@pytest.mark.parametrize("name", ["causal_lm", "seq2seq_lm"])
+def test_fit_under_xla_in_float32(rng, name):
+    model = FACTORIES[name]()
+    x, y = batch_for(model, rng, batch=4 * BATCH)
+    compile_model(model, jit_compile=True)
+    assert model.jit_compile is True
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))

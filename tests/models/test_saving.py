@@ -1,0 +1,140 @@
+"""`.keras` round trips of every model (safe_mode=True), and across backends: a model saved
+under another Keras backend loads here and gives the same outputs."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+from keras_xf.layers import FeedForward
+from keras_xf.layers import MultiHeadAttention
+from keras_xf.layers import TransformerBlock
+from keras_xf.models import CausalLM
+from keras_xf.models import Seq2SeqBackbone
+from keras_xf.models import TransformerBackbone
+from tests.models.tiny import FFN
+from tests.models.tiny import SIZES
+from tests.models.tiny import VOCAB
+from tests.models.tiny import WIDTH
+from tests.models.tiny import causal_lm
+from tests.models.tiny import randomize_embeddings
+from tests.models.tiny import seq2seq_batch
+from tests.models.tiny import seq2seq_lm
+from tests.models.tiny import text_classifier
+from tests.models.tiny import text_encoder
+from tests.models.tiny import to_numpy
+from tests.models.tiny import token_batch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BACKENDS = ["tensorflow", "jax", "torch"]
+
+
+def custom_causal_lm():
+    """A custom pre-norm GELU block with grouped-query attention, rotary positions, untied."""
+    block = TransformerBlock(
+        mixer=MultiHeadAttention(num_heads=4, head_dim=4, num_key_value_heads=2),
+        feedforward=FeedForward(hidden_dim=FFN, activation="gelu"),
+        norm_placement="pre",
+    )
+    return CausalLM(vocabulary_size=VOCAB, num_layers=2, hidden_dim=WIDTH, block=block,
+                    max_sequence_length=12, position="rotary", tie_embeddings=False)
+
+
+MODELS = {
+    "causal_lm": lambda: causal_lm(),
+    "causal_lm_custom_rotary_gqa": custom_causal_lm,
+    "causal_lm_learned": lambda: causal_lm(num_layers=1, position="learned"),
+    "seq2seq_lm": lambda: seq2seq_lm(),
+    "seq2seq_lm_separate": lambda: seq2seq_lm(share_embeddings=False, source_vocabulary_size=20,
+                                              position="rotary"),
+    "text_encoder": lambda: text_encoder(projection_dim=8, pooling="max"),
+    "text_classifier": lambda: text_classifier(num_classes=3, head_intermediate_dim=8),
+    "transformer_backbone": lambda: TransformerBackbone(**SIZES, num_layers=1, causal=True),
+    "seq2seq_backbone": lambda: Seq2SeqBackbone(**SIZES, num_layers=1),
+}
+
+
+def inputs_for(name, rng):
+    if "seq2seq" in name:
+        batch = seq2seq_batch(rng, source_lengths=[7, 4])
+        batch["encoder_token_ids"] %= 20
+        return batch
+    return token_batch(rng, lengths=[8, 5])
+
+
+def outputs_of(model, batch):
+    return keras.tree.map_structure(to_numpy, model(batch, training=False))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_keras_round_trip(tmp_path, rng, name):
+    model = randomize_embeddings(MODELS[name]())
+    batch = inputs_for(name, rng)
+    expected = outputs_of(model, batch)
+    path = str(tmp_path / f"{name}.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    assert type(loaded) is type(model)
+    assert loaded.get_config() == model.get_config()
+    assert loaded.count_params() == model.count_params()
+    keras.tree.map_structure(
+        lambda e, a: np.testing.assert_allclose(a, e, atol=1e-6, rtol=1e-6),
+        expected, outputs_of(loaded, batch),
+    )
+
+
+def test_round_trip_keeps_generation_settings(tmp_path):
+    model = causal_lm(num_layers=1, pad_token_id=3)
+    path = str(tmp_path / "lm.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    assert loaded.pad_token_id == 3
+    assert loaded._generate_functions == {}
+    seq2seq = seq2seq_lm(start_token_id=2, pad_token_id=0)
+    seq2seq.save(path)
+    assert keras.saving.load_model(path, safe_mode=True).start_token_id == 2
+
+
+# --- Across backends ---------------------------------------------------------------------
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    import keras
+    import numpy as np
+    from tests.models.test_saving import custom_causal_lm, randomize_embeddings
+
+    keras.utils.set_random_seed(7)
+    model = randomize_embeddings(custom_causal_lm(), seed=7)
+    rng = np.random.default_rng(7)
+    ids = rng.integers(1, 32, size=(2, 8)).astype("int32")
+    mask = np.ones_like(ids)
+    mask[1, 5:] = 0
+    logits = keras.ops.convert_to_numpy(model({"token_ids": ids, "padding_mask": mask}))
+    model.save(sys.argv[1] + "/model.keras")
+    np.savez(sys.argv[1] + "/outputs.npz", token_ids=ids, padding_mask=mask, logits=logits,
+             backend=keras.config.backend())
+    """
+)
+
+
+def test_model_saved_on_another_backend_loads_here(tmp_path):
+    here = keras.config.backend()
+    other = BACKENDS[(BACKENDS.index(here) + 1) % len(BACKENDS)] if here in BACKENDS else "jax"
+    env = dict(os.environ, KERAS_BACKEND=other, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run(
+        [sys.executable, "-c", WORKER, str(tmp_path)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = np.load(tmp_path / "outputs.npz")
+    assert str(saved["backend"]) == other
+    loaded = keras.saving.load_model(str(tmp_path / "model.keras"), safe_mode=True)
+    assert isinstance(loaded, CausalLM)
+    logits = to_numpy(loaded({"token_ids": saved["token_ids"],
+                              "padding_mask": saved["padding_mask"]}))
+    np.testing.assert_allclose(logits, saved["logits"], atol=1e-5, rtol=1e-5)

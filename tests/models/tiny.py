@@ -1,0 +1,100 @@
+"""Tiny model factories and batches shared by the model, generation and training tests.
+
+Every model here is built with the sizes below so that the whole suite stays fast on CPU.
+"""
+
+import keras
+import numpy as np
+
+from keras_xf.models import CausalLM
+from keras_xf.models import Seq2SeqLM
+from keras_xf.models import TextClassifier
+from keras_xf.models import TextEncoder
+
+VOCAB, WIDTH, HEADS, FFN, LAYERS, LENGTH = 32, 16, 2, 32, 2, 12
+SIZES = dict(vocabulary_size=VOCAB, hidden_dim=WIDTH, num_heads=HEADS, intermediate_dim=FFN,
+             max_sequence_length=LENGTH)
+
+
+def causal_lm(num_layers=LAYERS, **kwargs):
+    return CausalLM(**{**SIZES, "num_layers": num_layers, **kwargs})
+
+
+def seq2seq_lm(num_layers=1, **kwargs):
+    return Seq2SeqLM(**{**SIZES, "num_layers": num_layers, **kwargs})
+
+
+def text_encoder(num_layers=1, **kwargs):
+    return TextEncoder(**{**SIZES, "num_layers": num_layers, **kwargs})
+
+
+def text_classifier(num_classes=2, num_layers=1, **kwargs):
+    return TextClassifier(num_classes=num_classes, **{**SIZES, "num_layers": num_layers, **kwargs})
+
+
+def token_batch(rng, batch=2, length=8, lengths=None, low=3):
+    """`{"token_ids", "padding_mask"}` of right-padded random ids (pad id 0)."""
+    lengths = [length] * batch if lengths is None else lengths
+    ids = rng.integers(low, VOCAB, size=(batch, length)).astype("int32")
+    mask = (np.arange(length)[None, :] < np.array(lengths)[:, None]).astype("int32")
+    return {"token_ids": ids * mask, "padding_mask": mask}
+
+
+def seq2seq_batch(rng, batch=2, source_length=7, target_length=6, source_lengths=None):
+    source = token_batch(rng, batch, source_length, source_lengths)
+    target = token_batch(rng, batch, target_length)
+    return {
+        "encoder_token_ids": source["token_ids"],
+        "encoder_padding_mask": source["padding_mask"],
+        "decoder_token_ids": target["token_ids"],
+        "decoder_padding_mask": target["padding_mask"],
+    }
+
+
+def batch_for(model, rng, batch=2):
+    """A batch of inputs and integer labels suited to `model`."""
+    if isinstance(model, Seq2SeqLM):
+        x = seq2seq_batch(rng, batch)
+        return x, rng.integers(1, VOCAB, size=x["decoder_token_ids"].shape).astype("int32")
+    x = token_batch(rng, batch)
+    if isinstance(model, CausalLM):
+        return x, rng.integers(1, VOCAB, size=x["token_ids"].shape).astype("int32")
+    if isinstance(model, TextClassifier):
+        return x, rng.integers(0, model.num_classes, size=(batch,)).astype("int32")
+    return x, rng.normal(size=(batch, model.output_shape[-1])).astype("float32")
+
+
+def randomize_embeddings(model, seed=0):
+    """Standard-normal token / position tables (and output projection when untied).
+
+    Keras' default `uniform` initializer gives logits near zero, so argmax ties and
+    copy-the-input predictions dominate; unit-scale tables give varied, well-separated
+    logits, so token-by-token comparisons are meaningful.
+    """
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        if "embeddings" in weight.path:
+            weight.assign(rng.normal(size=weight.shape).astype("float32"))
+    return model
+
+
+def attention_params(d, heads=HEADS, kv_heads=None, head_dim=None):
+    head_dim = head_dim or d // heads
+    kv_heads = kv_heads or heads
+    q = d * heads * head_dim + heads * head_dim
+    kv = 2 * (d * kv_heads * head_dim + kv_heads * head_dim)
+    return q + kv + heads * head_dim * d + d
+
+
+def block_params(d=WIDTH, ffn=FFN, cross=False, **attention):
+    """Weights of a default block: attention(s), feedforward, one LayerNorm per sub-layer."""
+    attention_count = attention_params(d, **attention) * (2 if cross else 1)
+    return attention_count + (2 * d * ffn + d + ffn) + (3 if cross else 2) * 2 * d
+
+
+def to_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def dtype_name(x):
+    return keras.backend.standardize_dtype(x.dtype)

@@ -1,0 +1,65 @@
+"""Runs every script in `examples/` in a subprocess, with tiny settings, on the current backend.
+
+Each `examples/*.py` found is a test case. Scripts listed in `TINY_RUNS` run with their tiny
+arguments and must print the listed keys; any other script runs with `--help` (so a new
+example is at least importable and parses its arguments) until it is given an entry here.
+The subprocess inherits `KERAS_BACKEND`, so the same file tests all three backends.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+# script name -> (tiny arguments, text the run must print). "{tmp}" is a scratch folder.
+TINY_RUNS = {
+    "translate.py": (
+        ["--examples", "64", "--eval-examples", "8", "--epochs", "1", "--batch-size", "32",
+         "--max-digits", "4", "--num-layers", "1", "--hidden-dim", "16", "--num-heads", "2",
+         "--intermediate-dim", "32", "--num-beams", "2", "--verbose", "0"],
+        ["exact match", "time:"],
+    ),
+    "classify.py": (
+        ["--examples", "64", "--eval-examples", "32", "--epochs", "1", "--batch-size", "32",
+         "--max-length", "8", "--num-layers", "1", "--hidden-dim", "16", "--num-heads", "2",
+         "--intermediate-dim", "32", "--verbose", "0"],
+        ["held-out accuracy", "time:"],
+    ),
+    "train_lm.py": (
+        ["--minutes", "0.02", "--max-characters", "20000", "--sequence-length", "32",
+         "--batch-size", "8", "--hidden-dim", "16", "--num-layers", "1", "--num-heads", "2",
+         "--sample-length", "8", "--output", "{tmp}"],
+        ["validation perplexity", "sample:", "saved"],
+    ),
+    "export_savedmodel.py": (["--steps", "2", "--output", "{tmp}"], ["outputs match"]),
+}
+TIMEOUT_SECONDS = 300  # generous: the machine may be shared; a tiny run takes well under 30 s.
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=[path.name for path in EXAMPLES])
+def test_example_runs(script, tmp_path):
+    arguments, expected = TINY_RUNS.get(script.name, (["--help"], ["usage"]))
+    arguments = [argument.replace("{tmp}", str(tmp_path)) for argument in arguments]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    result = subprocess.run(
+        [sys.executable, str(script), *arguments],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_SECONDS,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{script.name} exited with {result.returncode}:\n{output[-4000:]}"
+    for key in expected:
+        assert key in result.stdout, f"{script.name} did not print {key!r}:\n{output[-4000:]}"
+
+
+def test_examples_found():
+    names = {path.name for path in EXAMPLES}
+    assert {"translate.py", "classify.py"} <= names, names

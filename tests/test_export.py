@@ -1,0 +1,153 @@
+"""Exported artefacts give the Keras model's outputs, at the export shapes and at new ones.
+
+SavedModel on TensorFlow and JAX (loaded with TensorFlow, `serve` called with a dict of int32
+tensors); ONNX (run with onnxruntime) and `.pt2` (torch.export) on PyTorch. Every format a
+backend cannot export must raise a clear `ValueError`.
+"""
+
+import importlib.util
+
+import keras
+import numpy as np
+import pytest
+
+from keras_xf import export
+from keras_xf.models import CausalLM
+from keras_xf.models import Seq2SeqLM
+
+BACKEND = keras.config.backend()
+VOCABULARY = 37
+TOLERANCE = 1e-4  # float32 logits of a tiny model; observed differences are ~1e-7
+
+
+def tiny_causal_lm():
+    # Learned positions: the table is sliced to the symbolic length (JAX needs the length
+    # constraint, torch.export a plain slice). The Seq2SeqLM covers sinusoidal positions.
+    return CausalLM(vocabulary_size=VOCABULARY, num_layers=1, hidden_dim=16, num_heads=2,
+                    intermediate_dim=32, max_sequence_length=24, position="learned")
+
+
+def tiny_seq2seq_lm():
+    return Seq2SeqLM(vocabulary_size=VOCABULARY, num_layers=1, hidden_dim=16, num_heads=2,
+                     intermediate_dim=32, max_sequence_length=24)
+
+
+def sequence(rng, batch, length, prefix=""):
+    """Random ids with right padding in the last row (so masks matter)."""
+    ids = rng.integers(1, VOCABULARY, size=(batch, length)).astype("int32")
+    mask = np.ones((batch, length), "int32")
+    mask[-1, max(1, length // 2):] = 0
+    ids[mask == 0] = 0
+    return {f"{prefix}token_ids": ids, f"{prefix}padding_mask": mask}
+
+
+def causal_inputs(rng, batch, length):
+    return sequence(rng, batch, length)
+
+
+def seq2seq_inputs(rng, batch, length):
+    # Source and target lengths differ, so a shared length symbol would be wrong.
+    return {**sequence(rng, batch, length + 2, "encoder_"),
+            **sequence(rng, batch, length, "decoder_")}
+
+
+MODELS = [
+    pytest.param(tiny_causal_lm, causal_inputs, id="causal_lm"),
+    pytest.param(tiny_seq2seq_lm, seq2seq_inputs, id="seq2seq_lm"),
+]
+# Two batch sizes and lengths: the artefact must not be specialised to one shape (SavedModels
+# are exported fully symbolic; torch.export traces at [2, 3]).
+SHAPES = [(2, 8), (3, 5)]
+
+
+def check_matches(model, run, make_inputs, rng):
+    for batch, length in SHAPES:
+        inputs = make_inputs(rng, batch, length)
+        expected = model.predict(inputs, verbose=0)
+        actual = np.asarray(run(inputs))
+        assert actual.shape == expected.shape
+        np.testing.assert_allclose(actual, expected, atol=TOLERANCE, rtol=0)
+
+
+def check_shared_dimensions(model):
+    """Each sequence's ids and mask share one length symbol; the two sequences do not."""
+    dims = export.sequence_dimensions(model)
+    for prefix in ("", "encoder_", "decoder_"):
+        if f"{prefix}token_ids" in dims:
+            assert dims[f"{prefix}token_ids"] == dims[f"{prefix}padding_mask"] == (
+                "batch", f"{prefix}length")
+    assert len(set(dims.values())) == len(dims) // 2
+
+
+# SavedModel ----------------------------------------------------------------------------------
+@pytest.mark.skipif(BACKEND == "torch", reason="Keras exports SavedModels from torch only "
+                    "through torch_xla, which has no release for this torch version")
+@pytest.mark.parametrize("build, make_inputs", MODELS)
+def test_saved_model_serve_matches_predict(build, make_inputs, tmp_path, rng):
+    import tensorflow as tf
+
+    model = build()
+    check_shared_dimensions(model)
+    path = export.export_saved_model(model, str(tmp_path / "saved_model"))
+    served = tf.saved_model.load(path)
+
+    def run(inputs):
+        return served.serve({name: tf.constant(value) for name, value in inputs.items()})
+
+    check_matches(model, run, make_inputs, rng)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the PyTorch backend's limitation is tested")
+def test_saved_model_on_torch_raises_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="torch_xla"):
+        export.export_saved_model(tiny_causal_lm(), str(tmp_path / "saved_model"))
+
+
+# PyTorch: ONNX and torch.export --------------------------------------------------------------
+@pytest.mark.skipif(BACKEND != "torch", reason="ONNX export is the PyTorch backend's format")
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None
+                    or importlib.util.find_spec("onnxscript") is None,
+                    reason="needs onnx, onnxscript and onnxruntime (pip install keras-xf[dev])")
+@pytest.mark.parametrize("build, make_inputs", MODELS)
+def test_onnx_matches_predict(build, make_inputs, tmp_path, rng):
+    import onnxruntime
+
+    model = build()
+    check_shared_dimensions(model)
+    path = export.export_onnx(model, str(tmp_path / "model.onnx"))
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert {node.name for node in session.get_inputs()} == set(model._inputs_struct)
+    check_matches(model, lambda inputs: session.run(None, inputs)[0], make_inputs, rng)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.export is the PyTorch backend's format")
+def test_torch_export_matches_predict(tmp_path, rng):
+    import torch
+
+    model = tiny_causal_lm()
+    path = export.export_torch(model, str(tmp_path / "model.pt2"))
+    module = torch.export.load(path).module()
+
+    def run(inputs):
+        with torch.no_grad():
+            out = module({name: torch.from_numpy(value) for name, value in inputs.items()})
+        return out.detach().cpu().numpy()
+
+    check_matches(model, run, causal_inputs, rng)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="the TensorFlow / JAX limitation is tested")
+def test_onnx_and_torch_export_need_torch(tmp_path):
+    model = tiny_causal_lm()
+    with pytest.raises(ValueError, match="PyTorch backend"):
+        export.export_onnx(model, str(tmp_path / "model.onnx"))
+    with pytest.raises(ValueError, match="PyTorch backend"):
+        export.export_torch(model, str(tmp_path / "model.pt2"))
+
+
+def test_rejects_models_without_dict_inputs(tmp_path):
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    function = export.export_onnx if BACKEND == "torch" else export.export_saved_model
+    with pytest.raises(ValueError, match="dict inputs"):
+        function(model, str(tmp_path / "model"))
