@@ -34,7 +34,7 @@ TINY_RUNS = {
         ["--minutes", "0.02", "--max-characters", "20000", "--sequence-length", "32",
          "--batch-size", "8", "--hidden-dim", "16", "--num-layers", "1", "--num-heads", "2",
          "--sample-length", "8", "--output", "{tmp}"],
-        ["validation perplexity", "sample:", "saved"],
+        ["validation perplexity", "sample:", "saved", "exported"],
     ),
     "export_savedmodel.py": (["--steps", "2", "--output", "{tmp}"], ["outputs match"]),
 }

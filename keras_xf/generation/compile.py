@@ -56,3 +56,26 @@ def compile_generate_function(model, function, sampler):
 
         return run
     return function
+
+
+class CompiledFunctions:
+    """A cache of compiled generation functions, keyed by (sampler, stop tokens, cache flag).
+
+    A plain object rather than a dict: TensorFlow tracks dict attributes of a layer and would
+    try to save the compiled functions into a SavedModel.
+    """
+
+    def __init__(self):
+        self._functions = {}
+
+    def __contains__(self, key):
+        return key in self._functions
+
+    def __getitem__(self, key):
+        return self._functions[key]
+
+    def __setitem__(self, key, function):
+        self._functions[key] = function
+
+    def __len__(self):
+        return len(self._functions)

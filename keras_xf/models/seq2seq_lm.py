@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_xf.generation.compile import CompiledFunctions
 from keras_xf.generation.compile import compile_generate_function
 from keras_xf.generation.prompts import output_padding_mask
 from keras_xf.generation.prompts import pack_prompts
@@ -63,7 +64,7 @@ class Seq2SeqLM(FunctionalModel):
         self.pad_token_id = pad_token_id
         self.start_token_id = start_token_id
         self.sampler = get_sampler("greedy")
-        self._generate_functions = {}
+        self._generate_functions = CompiledFunctions()
 
     @classmethod
     def from_preset(cls, preset, **overrides):
@@ -80,7 +81,7 @@ class Seq2SeqLM(FunctionalModel):
         if weighted_metrics == "auto":
             weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
         self.sampler = get_sampler(sampler)
-        self._generate_functions = {}
+        self._generate_functions = CompiledFunctions()
         super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
 
     # Cached decoding -------------------------------------------------------------------

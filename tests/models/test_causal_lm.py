@@ -22,7 +22,8 @@ from tests.models.tiny import to_numpy
 from tests.models.tiny import token_batch
 
 
-ABAB = {"token_ids": np.array([[7, 9, 7, 9]], "int32"), "padding_mask": np.ones((1, 4), "int32")}
+ABAB = {"token_ids": np.array([[7, 9] * 4, [9, 7] * 4], "int32"),
+        "padding_mask": np.ones((2, 8), "int32")}
 
 
 def logits_of(model, batch):
@@ -31,7 +32,7 @@ def logits_of(model, batch):
 
 def assert_causal(model, rng):
     """Changing the token at position t changes no logits before t."""
-    batch = token_batch(rng, batch=1, length=8)
+    batch = token_batch(rng)
     changed = {k: v.copy() for k, v in batch.items()}
     changed["token_ids"][0, 5] = (changed["token_ids"][0, 5] + 1) % VOCAB
     before, after = logits_of(model, batch), logits_of(model, changed)
@@ -42,9 +43,9 @@ def assert_causal(model, rng):
 def test_keyword_form_builds_a_post_norm_relu_model(rng):
     model = CausalLM(vocabulary_size=VOCAB, num_layers=LAYERS, hidden_dim=WIDTH, num_heads=2,
                      intermediate_dim=FFN, max_sequence_length=LENGTH)
-    batch = token_batch(rng, batch=2, length=7, lengths=[7, 4])
+    batch = token_batch(rng, lengths=[8, 4])
     logits = model(batch)
-    assert tuple(logits.shape) == (2, 7, VOCAB)
+    assert tuple(logits.shape) == (2, 8, VOCAB)
     assert dtype_name(logits) == "float32"
     # Tied output, sinusoidal positions: token table plus the blocks, nothing else.
     assert model.count_params() == VOCAB * WIDTH + LAYERS * block_params()
@@ -128,12 +129,12 @@ def test_tied_and_untied_output_projection(rng):
 
 def test_padding_does_not_change_real_positions(rng):
     model = causal_lm(num_layers=1)
-    short = token_batch(rng, batch=1, length=5)
+    short = token_batch(rng, lengths=[8, 5])
     longer = {
-        "token_ids": np.pad(short["token_ids"], ((0, 0), (0, 3))),
-        "padding_mask": np.pad(short["padding_mask"], ((0, 0), (0, 3))),
+        "token_ids": np.pad(short["token_ids"], ((0, 0), (0, 4)), constant_values=9),
+        "padding_mask": np.pad(short["padding_mask"], ((0, 0), (0, 4))),
     }
-    np.testing.assert_allclose(logits_of(model, longer)[:, :5], logits_of(model, short), atol=1e-5)
+    np.testing.assert_allclose(logits_of(model, longer)[:, :8], logits_of(model, short), atol=1e-5)
 
 
 def test_accepts_a_backbone():

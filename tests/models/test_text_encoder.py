@@ -58,13 +58,13 @@ def test_similarity_of_identical_inputs_is_one(encoder, rng):
 
 
 def test_mean_pooling_respects_padding(encoder, rng):
-    short = token_batch(rng, batch=2, length=5, lengths=[5, 3])
+    short = token_batch(rng, lengths=[8, 3])
     # Pad further, with arbitrary ids under the padding: the embedding must not move.
     longer = {
-        "token_ids": np.concatenate([short["token_ids"], np.full((2, 3), 9, "int32")], axis=1),
-        "padding_mask": np.pad(short["padding_mask"], ((0, 0), (0, 3))),
+        "token_ids": np.concatenate([short["token_ids"], np.full((2, 4), 9, "int32")], axis=1),
+        "padding_mask": np.pad(short["padding_mask"], ((0, 0), (0, 4))),
     }
-    longer["token_ids"][1, 3:5] = 11
+    longer["token_ids"][1, 3:8] = 11
     np.testing.assert_allclose(embed(encoder, longer), embed(encoder, short), atol=1e-5)
     # ... while a real token at the same place does move it.
     unmasked = dict(longer, padding_mask=np.ones_like(longer["padding_mask"]))
