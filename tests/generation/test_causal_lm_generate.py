@@ -41,9 +41,25 @@ def lm():
 
 
 @pytest.fixture(scope="module")
-def greedy(lm):
-    """The default (greedy, cached) generation of PROMPTS, as `[3, MAX_LENGTH]` ids."""
-    return np.array(lm.generate(PROMPTS, max_length=MAX_LENGTH))
+def as_list(lm):
+    """The default (greedy, cached) generation of PROMPTS, given as a list of lists."""
+    return lm.generate(PROMPTS, max_length=MAX_LENGTH)
+
+
+@pytest.fixture(scope="module")
+def greedy(as_list):
+    """`as_list` as `[3, MAX_LENGTH]` ids."""
+    return np.array(as_list)
+
+
+@pytest.fixture(scope="module")
+def alone(lm):
+    """Each prompt generated on its own: two as 1-D arrays, one as a plain list of ints."""
+    return [
+        lm.generate(np.array(PROMPTS[0]), max_length=MAX_LENGTH),
+        lm.generate(PROMPTS[1], max_length=MAX_LENGTH),
+        lm.generate(np.array(PROMPTS[2]), max_length=MAX_LENGTH),
+    ]
 
 
 def right_padded(prompts, width=MAX_LENGTH):
@@ -96,35 +112,36 @@ def test_beam_search_with_one_beam_is_greedy(lm, greedy):
     np.testing.assert_array_equal(np.array(tokens), greedy)
 
 
-@pytest.mark.parametrize("form", [right_padded, left_padded, list])
-def test_prompts_of_different_lengths_match_each_prompt_alone(lm, form):
+@pytest.mark.parametrize("form", [right_padded, left_padded])
+def test_padded_dicts_of_different_lengths_match_each_prompt_alone(lm, alone, form):
     batched = lm.generate(form(PROMPTS), max_length=MAX_LENGTH)
-    rows = batched["token_ids"] if isinstance(batched, dict) else batched
-    for prompt, row in zip(PROMPTS, rows):
-        alone = lm.generate(np.array(prompt), max_length=MAX_LENGTH)
-        np.testing.assert_array_equal(np.asarray(row), alone)
+    for row, single in zip(batched["token_ids"], alone):
+        np.testing.assert_array_equal(row, single)
 
 
-def test_return_structure_follows_the_input_structure(lm, greedy):
+def test_lists_of_different_lengths_match_each_prompt_alone(as_list, alone):
+    for row, single in zip(as_list, alone):
+        assert row == single.tolist()
+
+
+def test_return_structure_follows_the_input_structure(lm, greedy, as_list, alone):
     as_dict = lm.generate(right_padded(PROMPTS))  # max_length = the dict's width
     assert isinstance(as_dict, dict) and set(as_dict) == {"token_ids", "padding_mask"}
     assert as_dict["token_ids"].shape == as_dict["padding_mask"].shape == (3, MAX_LENGTH)
     np.testing.assert_array_equal(as_dict["token_ids"], greedy)
     assert as_dict["padding_mask"].all()
 
-    as_list = lm.generate(PROMPTS, max_length=MAX_LENGTH)
     assert isinstance(as_list, list) and all(isinstance(row, list) for row in as_list)
-    assert as_list == greedy.tolist()
+    assert all(len(row) == MAX_LENGTH for row in as_list)
 
     equal_length = np.array([p[:2] for p in PROMPTS], "int32")
     as_array = lm.generate(equal_length, max_length=MAX_LENGTH)
     assert isinstance(as_array, np.ndarray) and as_array.shape == (3, MAX_LENGTH)
     np.testing.assert_array_equal(as_array[:, :2], equal_length)
 
-    single = lm.generate(np.array(PROMPTS[0]), max_length=MAX_LENGTH)
-    assert isinstance(single, np.ndarray) and single.shape == (MAX_LENGTH,)
-    np.testing.assert_array_equal(single, greedy[0])
-    assert lm.generate(PROMPTS[0], max_length=MAX_LENGTH).tolist() == greedy[0].tolist()
+    # A 1-D prompt (array or list of ints) gives a 1-D array.
+    for single in alone:
+        assert isinstance(single, np.ndarray) and single.shape == (MAX_LENGTH,)
 
 
 def test_stop_token_ids_stop_rows_and_end_the_padding_mask(lm, greedy):

@@ -1,4 +1,4 @@
-"""Every model trains under mixed_float16 and mixed_bfloat16; the language models under XLA.
+"""Every model trains under mixed_float16 and mixed_bfloat16; a CausalLM under XLA.
 
 Keras compiles `fit` with XLA by default on JAX (so every fit of the suite runs under XLA
 there); on a CPU-only TensorFlow it does not, so jit_compile=True is asked for explicitly.
@@ -71,19 +71,22 @@ def test_trains_under_mixed_precision(rng, name, policy):
     assert all(np.isfinite(to_numpy(w)).all() for w in model.trainable_weights)
 
 
-def test_global_policy_reaches_every_layer(rng):
+def test_global_policy_reaches_every_layer():
     keras.config.set_dtype_policy("mixed_bfloat16")
     model = causal_lm(num_layers=1)
     assert model.dtype_policy.name == "mixed_bfloat16"
-    hidden = model.backbone(batch_for(model, rng)[0])
-    assert dtype_name(hidden) == "bfloat16"
-    assert dtype_name(model(batch_for(model, rng)[0])) == "float32"
+    layers = [l for l in model._flatten_layers(include_self=False) if l.weights]
+    assert layers and all(l.dtype_policy.name == "mixed_bfloat16" for l in layers)
+    # Symbolic outputs: bfloat16 hidden states, float32 logits.
+    assert dtype_name(model.backbone.outputs[0]) == "bfloat16"
+    assert dtype_name(model.outputs[0]) == "float32"
 
 
 @xla_only
-@pytest.mark.parametrize("name", ["causal_lm", "seq2seq_lm"])
-def test_fit_under_xla_in_float32(rng, name):
-    model = FACTORIES[name]()
+def test_causal_lm_fits_under_xla(rng):
+    # One model: XLA compiles of a train step are slow on TensorFlow; Seq2SeqLM runs under XLA
+    # in its generation tests (TensorFlow) and in every fit (JAX).
+    model = FACTORIES["causal_lm"]()
     x, y = batch_for(model, rng, batch=4 * BATCH)
     compile_model(model, jit_compile=True)
     assert model.jit_compile is True
