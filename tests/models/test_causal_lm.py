@@ -71,8 +71,8 @@ def test_block_form_uses_the_template_for_every_layer(rng):
         max_sequence_length=LENGTH,
         position="learned",
     )
-    logits = model(token_batch(rng, batch=2, length=LENGTH))
-    assert tuple(logits.shape) == (2, LENGTH, VOCAB)
+    logits = model(token_batch(rng))
+    assert tuple(logits.shape) == (2, 8, VOCAB)
     expected = (
         VOCAB * WIDTH  # tied token table
         + LENGTH * WIDTH  # learned positions

@@ -1,4 +1,4 @@
-"""Seq2SeqLM and Seq2SeqBackbone: encoder-decoder Transformers with shared or separate embeddings."""
+"""Seq2SeqLM and Seq2SeqBackbone: encoder-decoder Transformers, shared or separate embeddings."""
 
 import numpy as np
 import pytest
@@ -188,7 +188,7 @@ def test_transformer_presets(preset):
     assert seq2seq_params(**arguments) == params
     # The same architecture at width 16 has exactly the weights the formula counts.
     small = dict(vocabulary_size=VOCAB, hidden_dim=WIDTH, num_heads=HEADS, intermediate_dim=FFN,
-                 max_sequence_length=LENGTH, num_layers=2)
+                 max_sequence_length=LENGTH, num_layers=1)
     model = Seq2SeqLM.from_preset(preset, **small)
     config = model.backbone.get_config()
     assert {k: config[k] for k in ("position", "norm_placement", "activation", "dropout",
