@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BACKENDS ?= tensorflow jax torch
 PYTEST_ARGS ?=
 
-.PHONY: install test test-one demo clean
+.PHONY: install test test-one demo bench clean
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,11 @@ test-one: install
 # validation perplexity, generate, save, reload and export. KERAS_BACKEND picks the backend.
 demo: install
 	KERAS_BACKEND=$${KERAS_BACKEND:-tensorflow} $(PY) examples/train_lm.py
+
+# Benchmarks against keras-hub on one backend (never part of the tests): prints one table of
+# ratios and writes benchmarks/results/<backend>.json. KERAS_BACKEND picks the backend.
+bench: install
+	KERAS_BACKEND=$${KERAS_BACKEND:-tensorflow} $(PY) -m benchmarks.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -18,6 +18,18 @@ class PackedPrompts:
         self.padding_mask = padding_mask
         self.form = form
 
+    @property
+    def prefill_length(self):
+        """How many leading positions one parallel pass fills into the cache before the
+        decoding loop starts: the shortest prompt's length rounded down to a power of two.
+
+        Every row has a prompt token at each of these positions. Rounding keeps the number of
+        compiled programs small (one per power of two rather than one per prompt length); the
+        remaining prompt tokens are fed one at a time by the loop, which keeps them.
+        """
+        shortest = int(self.padding_mask.sum(axis=1).min())
+        return 1 << (shortest.bit_length() - 1)
+
     def unpack(self, token_ids, padding_mask):
         """Results in the structure the prompts came in."""
         token_ids = np.asarray(ops.convert_to_numpy(token_ids))

@@ -5,6 +5,8 @@ from keras import ops
 
 from keras_xf.generation.compile import CompiledFunctions
 from keras_xf.generation.compile import compile_generate_function
+from keras_xf.generation.compile import trace_decoding_step
+from keras_xf.generation.compile import traced_run_loop
 from keras_xf.generation.prompts import output_padding_mask
 from keras_xf.generation.prompts import pack_prompts
 from keras_xf.generation.sampling import get_sampler
@@ -98,43 +100,64 @@ class CausalLM(FunctionalModel):
             batch_size, max_length, self.backbone.compute_dtype
         )
 
+    def _cached_hidden(self, token_ids, cache, cache_index):
+        embedded = self.backbone.embeddings(token_ids, start_index=cache_index)
+        return self.backbone.transformer_stack(
+            embedded, use_causal_mask=True, cache=cache, cache_index=cache_index
+        )
+
     def call_with_cache(self, token_ids, cache, cache_index):
         """Logits `[B, t, V]`, hidden states and the new cache for `t` new tokens written at
         `cache_index`; equal to the matching slice of the full forward pass."""
-        embedded = self.backbone.embeddings(token_ids, start_index=cache_index)
-        hidden, cache = self.backbone.transformer_stack(
-            embedded, use_causal_mask=True, cache=cache, cache_index=cache_index
-        )
+        hidden, cache = self._cached_hidden(token_ids, cache, cache_index)
         logits = ops.cast(self.backbone.embeddings(hidden, reverse=True), "float32")
         return logits, hidden, cache
 
+    def _decode_step(self, prompt, cache, index):
+        """The cached step of the decoding loop: feeds the token at `index - 1`, returns the
+        logits `[B, V]` for position `index`, its hidden state and the new cache."""
+        cache_index = index - 1
+        last = ops.slice(prompt, (0, cache_index), (ops.shape(prompt)[0], 1))
+        logits, hidden, cache = self.call_with_cache(last, cache, cache_index)
+        return logits[:, 0], hidden[:, 0], cache
+
     def generate_step(self, token_ids, padding_mask, stop_token_ids=None, sampler=None,
-                      use_cache=True):
+                      use_cache=True, prefill_length=None):
         """A compilable generation of a packed batch (prompts left-aligned, `padding_mask`
-        marking them); returns `(token_ids, padding_mask)`. Without the cache, every step
-        runs the full causal forward pass over the whole (fixed-shape) sequence."""
+        marking them); returns `(token_ids, padding_mask)`.
+
+        With the cache, one parallel pass fills the cache with the first `prefill_length`
+        tokens (an int no larger than the shortest prompt; by default the whole width, as
+        keras-hub does), then the loop decodes one token per step from there, keeping prompt
+        tokens where `padding_mask` is set. Without the cache, every step runs the full causal
+        forward pass over the whole (fixed-shape) sequence.
+        """
         sampler = sampler or self.sampler
         batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
         padding_mask = ops.cast(padding_mask, "bool")
         index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        cache, hidden = None, None
         if use_cache:
             cache = self.init_cache(batch_size, max_length)
-            _, hidden, cache = self.call_with_cache(token_ids, cache, 0)
+            if prefill_length is None:
+                hidden, cache = self._cached_hidden(token_ids, cache, 0)
+            else:
+                prefix = ops.slice(token_ids, (0, 0), (batch_size, prefill_length))
+                hidden, cache = self._cached_hidden(prefix, cache, 0)
+                # Samplers that read hidden states expect one per output position.
+                hidden = ops.pad(hidden, ((0, 0), (0, max_length - prefill_length), (0, 0)))
+                index = prefill_length
+            traced_body = getattr(sampler, "traces_loop_body", False)
+            next_logits = self._decode_step if traced_body else self._traced_decode_step
         else:
-            cache, hidden = None, None
 
-        def next_logits(prompt, cache, index):
-            cache_index = index - 1
-            if not use_cache:
+            def next_logits(prompt, cache, index):
                 hidden = self.backbone(
                     {"token_ids": prompt, "padding_mask": ops.ones_like(prompt)}, training=False
                 )
-                hidden = ops.take(hidden, cache_index, axis=1)
+                hidden = ops.take(hidden, index - 1, axis=1)
                 logits = ops.cast(self.backbone.embeddings(hidden[:, None], reverse=True), "float32")
                 return logits[:, 0], hidden, cache
-            last = ops.slice(prompt, (0, cache_index), (ops.shape(prompt)[0], 1))
-            logits, hidden, cache = self.call_with_cache(last, cache, cache_index)
-            return logits[:, 0], hidden[:, 0], cache
 
         token_ids = sampler(
             next=next_logits,
@@ -147,6 +170,14 @@ class CausalLM(FunctionalModel):
             model=self,
         )
         return token_ids, output_padding_mask(token_ids, padding_mask, stop_token_ids)
+
+    @property
+    def _traced_decode_step(self):
+        # One per model (traces are kept per input shapes); reset by `compile`.
+        functions = self._generate_functions
+        if functions.decode_step is None:
+            functions.decode_step = trace_decoding_step(self, self._decode_step)
+        return functions.decode_step
 
     def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
                  use_cache=True):
@@ -176,15 +207,19 @@ class CausalLM(FunctionalModel):
             pad_token_id=self.pad_token_id,
         )
         stop = tuple(stop_token_ids) if stop_token_ids is not None else None
+        prefill = packed.prefill_length if use_cache else None
         # A sampler named by a string is keyed by its name, so that repeated calls reuse one
         # compiled function instead of compiling a fresh sampler's loop every time.
         key = (sampler if isinstance(sampler, str) else id(sampler or self.sampler), stop,
-               use_cache)
+               use_cache, prefill)
         if key not in self._generate_functions:
             sampler = get_sampler(sampler) if sampler is not None else self.sampler
+            if use_cache:
+                sampler = traced_run_loop(self, sampler)
 
             def step(token_ids, padding_mask):
-                return self.generate_step(token_ids, padding_mask, stop, sampler, use_cache)
+                return self.generate_step(token_ids, padding_mask, stop, sampler, use_cache,
+                                          prefill)
 
             self._generate_functions[key] = compile_generate_function(self, step, sampler)
         token_ids, padding_mask = self._generate_functions[key](

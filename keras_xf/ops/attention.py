@@ -73,6 +73,24 @@ def attend(weights, value):
     return ops.einsum("bhts,bshd->bthd", ops.cast(weights, value.dtype), value)
 
 
+def _torch_attention(query, key, value, mask, bias, scale):
+    """PyTorch's `scaled_dot_product_attention` on `[B, H, T, Dh]` views of the inputs.
+
+    `keras.ops.dot_product_attention` makes contiguous copies of the transposed keys and
+    values first; reading a cache `[B, 2, L, Hkv, Dh]` that costs two copies of the whole
+    cache per layer and step. The kernel takes the strided views as they are.
+    """
+    import torch.nn.functional as F
+
+    key = repeat_kv_heads(key, query.shape[2])
+    value = repeat_kv_heads(value, query.shape[2])
+    query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))
+    outputs = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask if bias is None else bias, scale=scale
+    )
+    return ops.transpose(outputs, (0, 2, 1, 3))
+
+
 def _fused_attention(query, key, value, mask, bias, scale):
     """`keras.ops.dot_product_attention`, with fully masked rows giving zero outputs."""
     row_valid = None
@@ -90,9 +108,12 @@ def _fused_attention(query, key, value, mask, bias, scale):
     if key.shape[2] == 1 and query.shape[2] > 1:
         # Keras's TensorFlow kernel mis-shapes a single key/value head (multi-query attention).
         key, value = repeat_kv_heads(key, query.shape[2]), repeat_kv_heads(value, query.shape[2])
-    outputs = ops.dot_product_attention(
-        query, key, value, bias=bias, mask=mask, scale=scale, flash_attention=False
-    )
+    if keras.config.backend() == "torch":
+        outputs = _torch_attention(query, key, value, mask, bias, scale)
+    else:
+        outputs = ops.dot_product_attention(
+            query, key, value, bias=bias, mask=mask, scale=scale, flash_attention=False
+        )
     if row_valid is not None:
         row_valid = ops.transpose(row_valid, (0, 2, 1, 3))  # [B|1, T, H|1, 1]
         outputs = ops.where(row_valid, outputs, ops.zeros_like(outputs))

@@ -17,6 +17,7 @@ import pytest
 from keras_xf.layers import FeedForward
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import TransformerBlock
+from keras_xf.generation.prompts import pack_prompts
 from keras_xf.models import CausalLM
 from tests.models.tiny import FFN
 from tests.models.tiny import VOCAB
@@ -210,8 +211,10 @@ def test_sampling_gives_valid_ids_and_reuses_the_compiled_loop(lm, make_sampler)
 
 
 def test_a_sampler_named_by_a_string_is_compiled_once(alone_and_new_functions):
-    # Three calls with sampler="greedy" and the same shapes: one compiled function.
-    assert alone_and_new_functions[1] == 1
+    # Three calls with sampler="greedy" and the same shapes: one compiled loop per prefill
+    # length (a power of two), so the prompts of lengths 3 and 2 share one (prefill 2) and the
+    # prompt of length 4 gets another (prefill 4).
+    assert alone_and_new_functions[1] == 2
 
 
 def test_prompt_longer_than_max_length_raises(lm):
@@ -236,3 +239,33 @@ def test_empty_prompts_raise(lm):
 def test_unknown_sampler_raises(lm):
     with pytest.raises(ValueError, match="sampler"):
         lm.generate(PROMPTS, max_length=MAX_LENGTH, sampler="nucleus")
+
+
+@pytest.mark.parametrize("lengths, expected", [([1], 1), ([3, 2, 4], 2), ([8, 9], 8), ([7, 12], 4)])
+def test_prefill_length_is_the_shortest_prompt_rounded_down_to_a_power_of_two(lengths, expected):
+    prompts = [list(range(1, n + 1)) for n in lengths]
+    assert pack_prompts(prompts, max_length=12).prefill_length == expected
+
+
+def test_whole_width_prefill_gives_the_same_tokens(lm, greedy):
+    # keras-hub's way (the cache filled over the whole padded width, the loop starting at the
+    # shortest prompt) against the bucketed prefill that `generate` uses.
+    packed = pack_prompts(PROMPTS, max_length=MAX_LENGTH)
+    tokens, _ = lm.generate_step(keras.ops.convert_to_tensor(packed.token_ids),
+                                 keras.ops.convert_to_tensor(packed.padding_mask))
+    np.testing.assert_array_equal(to_numpy(tokens), greedy)
+
+
+def test_the_compiled_loop_reads_the_current_weights():
+    # The loop (XLA) or its traced step (PyTorch) takes the variables as inputs: new weights
+    # after the first call change the tokens, and cached and uncached decoding still agree.
+    keras.utils.set_random_seed(4)
+    model = CausalLM(vocabulary_size=VOCAB, num_layers=1, hidden_dim=WIDTH, num_heads=2,
+                     intermediate_dim=FFN, max_sequence_length=12, position="learned")
+    model = randomize_embeddings(model, seed=4)
+    first = np.array(model.generate(PROMPTS, max_length=MAX_LENGTH))
+    model.set_weights([w[::-1].copy() if w.ndim == 2 else w for w in model.get_weights()])
+    cached = np.array(model.generate(PROMPTS, max_length=MAX_LENGTH))
+    uncached = np.array(model.generate(PROMPTS, max_length=MAX_LENGTH, use_cache=False))
+    np.testing.assert_array_equal(cached, uncached)
+    assert not np.array_equal(cached, first)

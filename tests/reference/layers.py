@@ -46,6 +46,11 @@ def gelu(x):
     return 0.5 * x * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))
 
 
+def gelu_tanh(x):
+    """GELU's tanh approximation (GPT-2, BERT)."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
 def silu(x):
     return x / (1.0 + np.exp(-x))
 

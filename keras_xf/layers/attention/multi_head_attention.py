@@ -9,6 +9,7 @@ from keras_xf.ops.attention import attend
 from keras_xf.ops.attention import attention_scores
 from keras_xf.ops.attention import masked_softmax
 from keras_xf.ops.attention import scaled_dot_product_attention
+from keras_xf.ops.cache import update_cache
 from keras_xf.ops.masks import causal_mask
 from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.masks import merge_masks
@@ -135,7 +136,10 @@ class MultiHeadAttention(keras.layers.Layer):
         self.pattern = _deserialize(pattern)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.seed_generator = keras.random.SeedGenerator(1337)
+        # Unseeded, as Keras's `Dropout` layer: on PyTorch a seeded generator takes Keras's
+        # slow dropout path (a full tensor of keep probabilities and a Bernoulli draw per
+        # element) instead of `torch.nn.functional.dropout`.
+        self.seed_generator = keras.random.SeedGenerator()
         self._value_term_biases = [b for b in self.biases if getattr(b, "has_value_term", False)]
 
     def _projection(self, name, equation, output_shape, bias_axes):
@@ -148,6 +152,27 @@ class MultiHeadAttention(keras.layers.Layer):
             dtype=self.dtype_policy,
             name=name,
         )
+
+    def _project(self, dense, inputs):
+        """`dense(inputs)` for the projections' einsum equations, computed as one matmul over
+        the flattened head axes: the same numbers, without the reshapes and dispatch of a
+        general einsum (which cost more than the arithmetic when decoding one token on
+        PyTorch). LoRA-enabled or quantised projections are called as they are."""
+        if getattr(dense, "lora_enabled", False) or getattr(dense, "quantization_mode", None):
+            return dense(inputs)
+        kernel = dense.kernel
+        if dense is self.output_dense:  # "bthk,hkd->btd"
+            batch_shape = ops.shape(inputs)[:2]
+            flat = ops.reshape(inputs, (batch_shape[0], batch_shape[1], -1))
+            outputs = ops.matmul(flat, ops.reshape(kernel, (-1, kernel.shape[-1])))
+        else:  # "btd,dhk->bthk"
+            heads, dim = kernel.shape[1], kernel.shape[2]
+            batch_shape = ops.shape(inputs)[:2]
+            outputs = ops.matmul(inputs, ops.reshape(kernel, (kernel.shape[0], heads * dim)))
+            outputs = ops.reshape(outputs, (batch_shape[0], batch_shape[1], heads, dim))
+        if dense.bias is not None:
+            outputs = outputs + dense.bias
+        return outputs
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         if len(query_shape) != 3:
@@ -224,7 +249,7 @@ class MultiHeadAttention(keras.layers.Layer):
         offset = 0 if cache_index is None else ops.cast(cache_index, "int32")
         query_positions = ops.arange(query_length, dtype="int32") + offset
 
-        q = self.query_dense(query)
+        q = self._project(self.query_dense, query)
         reuse_cache = cache is not None and cache_index is None and value is None
         if reuse_cache:
             k, v = cache[:, 0], cache[:, 1]
@@ -232,8 +257,8 @@ class MultiHeadAttention(keras.layers.Layer):
             value_input = query if value is None else value
             key_input = value_input if key is None else key
             self._check_width("value", value_input, self.value_dense.kernel.shape[0])
-            k = self.key_dense(key_input)
-            v = self.value_dense(value_input)
+            k = self._project(self.key_dense, key_input)
+            v = self._project(self.value_dense, value_input)
         key_positions = ops.arange(ops.shape(k)[1], dtype="int32") + (
             offset if value is None else 0
         )
@@ -247,7 +272,7 @@ class MultiHeadAttention(keras.layers.Layer):
         new_cache = None
         if cache is not None and cache_index is not None:
             update = ops.stack([k, ops.cast(v, k.dtype)], axis=1)
-            new_cache = ops.slice_update(cache, (0, 0, offset, 0, 0), ops.cast(update, cache.dtype))
+            new_cache = update_cache(cache, ops.cast(update, cache.dtype), offset)
             k, v = new_cache[:, 0], new_cache[:, 1]
             key_positions = ops.arange(ops.shape(k)[1], dtype="int32")
             valid_keys = ops.less(key_positions, offset + query_length)[None, :]
@@ -301,7 +326,7 @@ class MultiHeadAttention(keras.layers.Layer):
             for hook in self._value_term_biases:
                 term = hook.value_term(attended, v, query_positions, key_positions)
                 outputs = outputs + ops.cast(term, outputs.dtype)
-        outputs = self.output_dense(outputs)
+        outputs = self._project(self.output_dense, outputs)
 
         results = (outputs,)
         if return_attention_scores:

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-ACTIVATIONS = ("relu", "gelu", "silu", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 _GATED = {"swiglu": "silu", "geglu": "gelu"}
 
 
@@ -20,8 +20,9 @@ class FeedForward(keras.layers.Layer):
 
     Args:
         hidden_dim: int, `d_ffn` (commonly `4d`).
-        activation: one of `"relu"` (default, as in the survey), `"gelu"`, `"silu"`,
-            `"swiglu"`, `"geglu"`.
+        activation: one of `"relu"` (default, as in the survey), `"gelu"` (exact, with erf),
+            `"gelu_tanh"` (the tanh approximation of GPT-2 and BERT), `"silu"`, `"swiglu"`,
+            `"geglu"`.
         use_bias: bool, biases in the projections.
         dropout: float in [0, 1), dropout on the hidden layer.
         output_dim: int, output width; defaults to the input width.
@@ -109,6 +110,8 @@ class FeedForward(keras.layers.Layer):
         if self.gate_dense is not None:
             gate = getattr(keras.activations, _GATED[self.activation])(self.gate_dense(inputs))
             hidden = gate * hidden
+        elif self.activation == "gelu_tanh":
+            hidden = keras.activations.gelu(hidden, approximate=True)
         else:
             hidden = getattr(keras.activations, self.activation)(hidden)
         hidden = self.dropout_layer(hidden, training=training)

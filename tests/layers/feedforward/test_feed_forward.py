@@ -19,7 +19,7 @@ from tests.reference import layers as ref
 
 WIDTH, HIDDEN = 8, 16
 GATED = {"swiglu": ref.silu, "geglu": ref.gelu}
-PLAIN = {"relu": ref.relu, "gelu": ref.gelu, "silu": ref.silu}
+PLAIN = {"relu": ref.relu, "gelu": ref.gelu, "gelu_tanh": ref.gelu_tanh, "silu": ref.silu}
 
 
 def make_inputs(rng, width=WIDTH):

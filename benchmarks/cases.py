@@ -1,0 +1,199 @@
+"""Benchmark cases. Each runs in its own process (`python -m benchmarks.cases NAME`), so that
+its peak memory is its own, and prints one JSON line."""
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+
+from benchmarks import config as c
+from benchmarks import measure
+from benchmarks import models
+
+
+def _training_data(steps):
+    rng = np.random.default_rng(c.SEED)
+    ids = rng.integers(1, c.VOCAB, size=(c.BATCH * steps, c.SEQUENCE + 1)).astype("int32")
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones_like(ids[:, :-1])}
+    return x, ids[:, 1:]
+
+
+def _fit_throughput(model):
+    """Tokens/s of `model.fit` over `TRAIN_STEPS` steps, after a warm-up fit that compiles."""
+    x, y = _training_data(c.TRAIN_STEPS)
+    models.compile_for_training(model)
+    rss_before = measure.peak_rss_mb()
+
+    def fit():
+        return model.fit(x, y, batch_size=c.BATCH, epochs=1, shuffle=False, verbose=0).history
+
+    seconds = measure.median_seconds(fit, warmup=1, repeats=c.REPEATS)
+    tokens_per_second = c.TRAIN_STEPS * c.BATCH * c.SEQUENCE / seconds
+    return {
+        "tokens_per_s": tokens_per_second,
+        "step_ms": 1000 * seconds / c.TRAIN_STEPS,
+        "flops_per_s": tokens_per_second * models.training_flops_per_token(),
+        "peak_rss_mb": measure.peak_rss_mb(),
+        "rss_before_training_mb": rss_before,
+    }
+
+
+def train_xf():
+    keras.utils.set_random_seed(c.SEED)
+    return _fit_throughput(models.xf_causal_lm())
+
+
+def train_hub():
+    keras.utils.set_random_seed(c.SEED)
+    return _fit_throughput(models.hub_causal_lm())
+
+
+def _generation_inputs(batch):
+    rng = np.random.default_rng(c.SEED)
+    length = c.PROMPT + c.NEW_TOKENS
+    ids = np.zeros((batch, length), "int32")
+    ids[:, : c.PROMPT] = rng.integers(1, c.VOCAB, size=(batch, c.PROMPT))
+    mask = np.zeros((batch, length), "int32")
+    mask[:, : c.PROMPT] = 1
+    return {"token_ids": ids, "padding_mask": mask}
+
+
+def _generation_throughput(model):
+    results = {}
+    for batch in c.GENERATION_BATCHES:
+        inputs = _generation_inputs(batch)
+
+        def generate():
+            return model.generate(dict(inputs), stop_token_ids=None)
+
+        seconds = measure.median_seconds(generate, warmup=c.WARMUP, repeats=c.GENERATION_REPEATS)
+        output = generate()
+        generated = np.asarray(output["padding_mask"])[:, c.PROMPT :].sum()
+        if generated != batch * c.NEW_TOKENS:
+            raise RuntimeError(f"expected {batch * c.NEW_TOKENS} new tokens, got {generated}")
+        results[f"batch_{batch}_tokens_per_s"] = batch * c.NEW_TOKENS / seconds
+    return results
+
+
+def generate_xf():
+    keras.utils.set_random_seed(c.SEED)
+    return _generation_throughput(models.xf_causal_lm())
+
+
+def generate_hub():
+    keras.utils.set_random_seed(c.SEED)
+    return _generation_throughput(models.hub_causal_lm())
+
+
+def _encoder_inputs(with_segments):
+    rng = np.random.default_rng(c.SEED)
+    shape = (c.ENCODER_BATCH * c.TRAIN_STEPS, c.ENCODER_SEQUENCE)
+    x = {"token_ids": rng.integers(1, c.VOCAB, size=shape).astype("int32"),
+         "padding_mask": np.ones(shape, "int32")}
+    if with_segments:
+        x["segment_ids"] = np.zeros(shape, "int32")
+    return x
+
+
+def _encoder_throughput(model, with_segments):
+    x = _encoder_inputs(with_segments)
+
+    def predict():
+        return model.predict(x, batch_size=c.ENCODER_BATCH, verbose=0)
+
+    seconds = measure.median_seconds(predict, warmup=1, repeats=c.REPEATS)
+    return {"sequences_per_s": len(x["token_ids"]) / seconds}
+
+
+def encode_xf():
+    keras.utils.set_random_seed(c.SEED)
+    return _encoder_throughput(models.xf_text_encoder(), with_segments=False)
+
+
+def encode_hub():
+    keras.utils.set_random_seed(c.SEED)
+    return _encoder_throughput(models.hub_text_encoder(), with_segments=True)
+
+
+def peak_matmul():
+    return {"flops_per_s": measure.peak_matmul_flops()}
+
+
+def train_xf_bf16():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(c.SEED)
+    return _fit_throughput(models.xf_causal_lm())
+
+
+def _text_batches(steps):
+    """Character ids of the default corpus (Shakespeare, or the standard library's
+    docstrings), cut into `steps` batches of next-token examples."""
+    from keras_xf.datasets import load_text_corpus
+
+    text, _ = load_text_corpus()
+    ids = np.frombuffer(text.encode("utf-8"), dtype="uint8").astype("int32")
+    count = c.BATCH * steps
+    rng = np.random.default_rng(c.SEED)
+    starts = rng.integers(0, len(ids) - c.SEQUENCE - 1, size=count)
+    windows = np.stack([ids[s : s + c.SEQUENCE + 1] for s in starts])
+    x = {"token_ids": windows[:, :-1], "padding_mask": np.ones_like(windows[:, :-1])}
+    return x, windows[:, 1:]
+
+
+def bf16_curves():
+    """float32 and `mixed_bfloat16` training of the same model from the same weights on the
+    same text for `CURVE_STEPS` steps: how closely the two loss curves agree."""
+    x, y = _text_batches(c.CURVE_STEPS)
+    keras.utils.set_random_seed(c.SEED)
+    weights = models.xf_causal_lm().get_weights()
+    curves = {}
+    for policy in ("float32", "mixed_bfloat16"):
+        keras.config.set_dtype_policy(policy)
+        keras.utils.set_random_seed(c.SEED)
+        model = models.compile_for_training(models.xf_causal_lm())
+        model.set_weights(weights)
+        means = []
+        callback = keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: means.append(float(logs["loss"]))
+        )
+        model.fit(x, y, batch_size=c.BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[callback])
+        # Keras reports the running mean of the epoch's loss; recover each step's loss.
+        means = np.array(means)
+        steps = np.arange(1, len(means) + 1)
+        curves[policy] = means * steps - np.concatenate([[0.0], means[:-1] * steps[:-1]])
+    keras.config.set_dtype_policy("float32")
+    window = 20
+    smooth = {k: np.convolve(v, np.ones(window) / window, mode="valid") for k, v in curves.items()}
+    difference = np.abs(smooth["mixed_bfloat16"] - smooth["float32"]) / smooth["float32"]
+    return {
+        "steps": c.CURVE_STEPS,
+        "float32_first_loss": float(curves["float32"][0]),
+        "float32_last_loss": float(smooth["float32"][-1]),
+        "bf16_last_loss": float(smooth["mixed_bfloat16"][-1]),
+        "max_relative_difference": float(difference.max()),
+        "float32_curve": curves["float32"].round(4).tolist(),
+        "bf16_curve": curves["mixed_bfloat16"].round(4).tolist(),
+    }
+
+
+CASES = {
+    "peak_matmul": peak_matmul,
+    "train_xf": train_xf,
+    "train_hub": train_hub,
+    "train_xf_bf16": train_xf_bf16,
+    "generate_xf": generate_xf,
+    "generate_hub": generate_hub,
+    "encode_xf": encode_xf,
+    "encode_hub": encode_hub,
+    "bf16_curves": bf16_curves,
+}
+
+
+if __name__ == "__main__":
+    name = sys.argv[1]
+    result = CASES[name]()
+    result.update({"case": name, "backend": keras.config.backend(), "pid": os.getpid()})
+    print("BENCHMARK_RESULT " + json.dumps(result))

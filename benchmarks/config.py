@@ -1,0 +1,35 @@
+"""The benchmark configuration: one GPT-2-like decoder and one BERT-like encoder.
+
+Both libraries get the same sizes, the same dropout (GPT-2's and BERT's default of 0.1), the
+same optimizer (AdamW), the same loss and the same data.
+"""
+
+VOCAB = 8192
+LAYERS = 4
+WIDTH = 256
+HEADS = 4
+FFN = 1024
+SEQUENCE = 256
+BATCH = 8
+DROPOUT = 0.1
+LEARNING_RATE = 1e-4
+
+# Cached generation: a 32-token prompt and 128 new tokens, greedy, batch 1 and 8.
+PROMPT = 32
+NEW_TOKENS = 128
+GENERATION_BATCHES = (1, 8)
+
+# Encoder inference.
+ENCODER_BATCH = 8
+ENCODER_SEQUENCE = 256
+
+# Timing: untimed warm-up calls, then the median of timed repeats.
+WARMUP = 2
+TRAIN_STEPS = 8  # optimizer steps per timed repeat
+REPEATS = 3
+GENERATION_REPEATS = 5  # generation is noisier and cheap to repeat
+
+# bf16 against float32: loss curves over this many steps.
+CURVE_STEPS = 200
+
+SEED = 0

@@ -1,0 +1,41 @@
+"""Timing, memory and peak-FLOP/s helpers shared by the benchmark cases."""
+
+import resource
+import statistics
+import time
+
+import keras
+import numpy as np
+
+
+def peak_rss_mb():
+    """The process's peak resident memory so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def sync(value):
+    """Waits for asynchronous backends (JAX dispatch) by reading the result on the host."""
+    keras.tree.map_structure(lambda t: keras.ops.convert_to_numpy(t), value)
+    return value
+
+
+def median_seconds(function, warmup, repeats):
+    """Runs `function` `warmup` times untimed, then returns the median of `repeats` timings."""
+    for _ in range(warmup):
+        sync(function())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sync(function())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def peak_matmul_flops(size=2048, repeats=5):
+    """float32 FLOP/s of a `size`² matmul on the current backend (the machine's practical
+    peak, against which model FLOP utilisation is measured)."""
+    rng = np.random.default_rng(0)
+    a = keras.ops.convert_to_tensor(rng.standard_normal((size, size)).astype("float32"))
+    b = keras.ops.convert_to_tensor(rng.standard_normal((size, size)).astype("float32"))
+    seconds = median_seconds(lambda: keras.ops.matmul(a, b), warmup=2, repeats=repeats)
+    return 2 * size**3 / seconds
