@@ -127,17 +127,17 @@ def train_xf_bf16():
     return _fit_throughput(models.xf_causal_lm())
 
 
-def _text_batches(steps):
+def _text_batches(steps, length=c.CURVE_SEQUENCE):
     """Character ids of the default corpus (Shakespeare, or the standard library's
-    docstrings), cut into `steps` batches of next-token examples."""
+    docstrings), cut into `steps` batches of `length`-token next-token examples."""
     from keras_xf.datasets import load_text_corpus
 
     text, _ = load_text_corpus()
     ids = np.frombuffer(text.encode("utf-8"), dtype="uint8").astype("int32")
     count = c.BATCH * steps
     rng = np.random.default_rng(c.SEED)
-    starts = rng.integers(0, len(ids) - c.SEQUENCE - 1, size=count)
-    windows = np.stack([ids[s : s + c.SEQUENCE + 1] for s in starts])
+    starts = rng.integers(0, len(ids) - length - 1, size=count)
+    windows = np.stack([ids[s : s + length + 1] for s in starts])
     x = {"token_ids": windows[:, :-1], "padding_mask": np.ones_like(windows[:, :-1])}
     return x, windows[:, 1:]
 
@@ -170,6 +170,7 @@ def bf16_curves():
     difference = np.abs(smooth["mixed_bfloat16"] - smooth["float32"]) / smooth["float32"]
     return {
         "steps": c.CURVE_STEPS,
+        "sequence_length": c.CURVE_SEQUENCE,
         "float32_first_loss": float(curves["float32"][0]),
         "float32_last_loss": float(smooth["float32"][-1]),
         "bf16_last_loss": float(smooth["mixed_bfloat16"][-1]),

@@ -87,9 +87,10 @@ def format_table(table, backend, results):
     if "bf16_curves" in results:
         curves = results["bf16_curves"]
         lines.append(
-            f"bf16 vs float32 loss over {curves['steps']} steps: last (smoothed) "
-            f"{curves['bf16_last_loss']:.3f} vs {curves['float32_last_loss']:.3f}, "
-            f"max relative difference {curves['max_relative_difference']:.3f}"
+            f"bf16 vs float32 loss over {curves['steps']} steps (sequences of "
+            f"{curves['sequence_length']}): first {curves['float32_first_loss']:.3f}, last "
+            f"(20-step mean) {curves['bf16_last_loss']:.4f} vs {curves['float32_last_loss']:.4f}, "
+            f"largest relative difference of the 20-step means {curves['max_relative_difference']:.2e}"
         )
     return "\n".join(lines)
 

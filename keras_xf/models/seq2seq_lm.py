@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_xf.generation.compile import CompiledFunctions
 from keras_xf.generation.compile import compile_generate_function
+from keras_xf.generation.compile import traced_run_loop
 from keras_xf.generation.prompts import output_padding_mask
 from keras_xf.generation.prompts import pack_prompts
 from keras_xf.generation.sampling import get_sampler
@@ -212,6 +213,8 @@ class Seq2SeqLM(FunctionalModel):
                use_cache)
         if key not in self._generate_functions:
             sampler = get_sampler(sampler) if sampler is not None else self.sampler
+            if use_cache:
+                sampler = traced_run_loop(self, sampler)
 
             def step(*tensors):
                 return self.generate_step(
