@@ -99,6 +99,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--output", default=None)
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other cases' results already in the output file")
     args = parser.parse_args()
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     names = [n for n in args.cases.split(",") if n]
@@ -106,10 +108,13 @@ def main():
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; known: {sorted(CASES)}")
     print(f"Running {len(names)} benchmark cases on {backend}", flush=True)
-    results = {name: run_case(name, backend) for name in names}
+    output = pathlib.Path(args.output or pathlib.Path(__file__).parent / "results" / f"{backend}.json")
+    results = {}
+    if args.update and output.exists():
+        results = json.loads(output.read_text())["results"]
+    results.update({name: run_case(name, backend) for name in names})
     table = rows(results, backend)
     print(format_table(table, backend, results))
-    output = pathlib.Path(args.output or pathlib.Path(__file__).parent / "results" / f"{backend}.json")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(
         {"backend": backend, "results": results,

@@ -1,11 +1,15 @@
 """Token embedding with an optional √d scale and a tied reverse projection (survey §2.1, §5.4)."""
 
+import math
 import numbers
 
 import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+
+
+_FEW_ROWS = 64  # below this many rows the output projection multiplies the table first
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -71,11 +75,17 @@ class TokenEmbedding(keras.layers.Layer):
 
     def call(self, inputs, reverse=False):
         if reverse:
-            if self.tie_weights:
-                kernel = ops.transpose(self.embeddings)
-            else:
-                kernel = self.reverse_embeddings
-            return ops.matmul(inputs, ops.cast(kernel, self.compute_dtype))
+            if not self.tie_weights:
+                return ops.matmul(inputs, ops.cast(self.reverse_embeddings, self.compute_dtype))
+            table = ops.cast(self.embeddings, self.compute_dtype)
+            rows = math.prod(inputs.shape[:-1]) if None not in inputs.shape[:-1] else None
+            if rows is not None and rows <= _FEW_ROWS:
+                # A few rows (a decoding step): `table · hᵀ` reads the table in its own
+                # layout, where `h · tableᵀ` makes XLA copy the whole table transposed.
+                flat = ops.reshape(inputs, (rows, inputs.shape[-1]))
+                logits = ops.transpose(ops.matmul(table, ops.transpose(flat)))
+                return ops.reshape(logits, tuple(inputs.shape[:-1]) + (self.vocabulary_size,))
+            return ops.matmul(inputs, ops.transpose(table))
         outputs = ops.take(ops.cast(self.embeddings, self.compute_dtype), ops.cast(inputs, "int32"), axis=0)
         if self.scale:
             outputs = outputs * ops.cast(self.embedding_dim**0.5, outputs.dtype)

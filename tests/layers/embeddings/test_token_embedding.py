@@ -95,10 +95,14 @@ def test_scale_multiplies_by_sqrt_dim(rng):
     )
 
 
-def test_tied_reverse_projection_uses_the_transposed_embeddings(rng):
+@pytest.mark.parametrize("shape", [(2, 5), (1, 1), (3,), (4, 20)],
+                         ids=["few_rows", "one_row", "rank_2", "many_rows"])
+def test_tied_reverse_projection_uses_the_transposed_embeddings(rng, shape):
+    # Up to 64 rows (decoding) the layer multiplies the table first; beyond, the rows first.
     layer = make_layer(tie_weights=True)
-    hidden = rng.normal(size=(2, 5, DIM)).astype("float32")
+    hidden = rng.normal(size=shape + (DIM,)).astype("float32")
     logits = to_numpy(layer(hidden, reverse=True))
+    assert logits.shape == shape + (VOCAB,)
     np.testing.assert_allclose(logits, hidden @ to_numpy(layer.embeddings).T, rtol=1e-5, atol=1e-6)
     assert not hasattr(layer, "reverse_embeddings")
 
