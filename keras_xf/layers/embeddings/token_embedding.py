@@ -78,7 +78,10 @@ class TokenEmbedding(keras.layers.Layer):
             if not self.tie_weights:
                 return ops.matmul(inputs, ops.cast(self.reverse_embeddings, self.compute_dtype))
             table = ops.cast(self.embeddings, self.compute_dtype)
-            rows = math.prod(inputs.shape[:-1]) if None not in inputs.shape[:-1] else None
+            # Only for concrete sizes: symbolic ones (shape-polymorphic export, torch.export)
+            # would turn the comparison into a guard on the exported input shapes.
+            leading = tuple(inputs.shape[:-1])
+            rows = math.prod(leading) if all(type(d) is int for d in leading) else None
             if rows is not None and rows <= _FEW_ROWS:
                 # A few rows (a decoding step): `table · hᵀ` reads the table in its own
                 # layout, where `h · tableᵀ` makes XLA copy the whole table transposed.
