@@ -45,6 +45,29 @@ def train_xf():
     return _fit_throughput(models.xf_causal_lm())
 
 
+def train_interleaved():
+    """Training tokens/s of both models in one process, their timed fits alternating, so that
+    a slow or fast phase of the machine (or of the allocator) falls on both alike. Memory is
+    measured by the separate `train_xf` / `train_hub` cases."""
+    x, y = _training_data(c.TRAIN_STEPS)
+    keras.utils.set_random_seed(c.SEED)
+    contenders = {"xf": models.compile_for_training(models.xf_causal_lm()),
+                  "hub": models.compile_for_training(models.hub_causal_lm())}
+    fits = {name: (lambda m=model: m.fit(x, y, batch_size=c.BATCH, epochs=1, shuffle=False,
+                                          verbose=0).history)
+            for name, model in contenders.items()}
+    for fit in fits.values():
+        measure.sync(fit())
+    seconds = measure.interleaved_seconds(fits, repeats=c.INTERLEAVED_REPEATS)
+    tokens = c.TRAIN_STEPS * c.BATCH * c.SEQUENCE
+    return {
+        "xf_tokens_per_s": tokens / seconds["xf"],
+        "hub_tokens_per_s": tokens / seconds["hub"],
+        # keras_xf over keras-hub in each round: the spread shows how steady the ratio is
+        "round_ratios": [h / x for x, h in zip(seconds["xf_all"], seconds["hub_all"])],
+    }
+
+
 def train_hub():
     keras.utils.set_random_seed(c.SEED)
     return _fit_throughput(models.hub_causal_lm())
@@ -121,9 +144,19 @@ def peak_matmul():
     return {"flops_per_s": measure.peak_matmul_flops()}
 
 
+def _torch_on_gpu():
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def train_xf_bf16():
     keras.config.set_dtype_policy("mixed_bfloat16")
     keras.utils.set_random_seed(c.SEED)
+    if keras.config.backend() == "torch" and not _torch_on_gpu():
+        # Eager PyTorch runs bf16 matmuls on this CPU (AVX2, no AVX512-BF16) through a slow
+        # fallback, seconds per step: time fewer steps so that the case ends in minutes.
+        c.TRAIN_STEPS, c.REPEATS = c.TORCH_BF16_STEPS, 1
     return _fit_throughput(models.xf_causal_lm())
 
 
@@ -184,6 +217,7 @@ CASES = {
     "peak_matmul": peak_matmul,
     "train_xf": train_xf,
     "train_hub": train_hub,
+    "train_interleaved": train_interleaved,
     "train_xf_bf16": train_xf_bf16,
     "generate_xf": generate_xf,
     "generate_hub": generate_hub,

@@ -31,6 +31,21 @@ def median_seconds(function, warmup, repeats):
     return statistics.median(times)
 
 
+def interleaved_seconds(functions, repeats):
+    """Times each of `functions` (a dict of already warmed-up callables) `repeats` times, in
+    turn (a, b, a, b, ...). Returns each one's median under its name and the list of its
+    timings under `name_all`."""
+    times = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            sync(function())
+            times[name].append(time.perf_counter() - start)
+    result = {name: statistics.median(t) for name, t in times.items()}
+    result.update({f"{name}_all": t for name, t in times.items()})
+    return result
+
+
 def peak_matmul_flops(size=2048, repeats=5):
     """float32 FLOP/s of a `size`² matmul on the current backend (the machine's practical
     peak, against which model FLOP utilisation is measured)."""

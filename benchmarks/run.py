@@ -58,6 +58,10 @@ def rows(results, backend):
             peak = results["peak_matmul"]["flops_per_s"]
             table.append(("model FLOP utilisation", xf["flops_per_s"] / peak,
                           hub["flops_per_s"] / peak, None, None))
+    if "train_interleaved" in results:
+        pair = results["train_interleaved"]
+        add("training tokens/s, both in one process, alternating", pair["xf_tokens_per_s"],
+            pair["hub_tokens_per_s"], "training")
     if "train_xf_bf16" in results and "train_xf" in results:
         table.append(("training tokens/s, mixed_bfloat16 vs float32",
                       results["train_xf_bf16"]["tokens_per_s"],
@@ -84,6 +88,10 @@ def format_table(table, backend, results):
         lines.append(f"{measure:52} {ours:12.4g} {anchor:12.4g} {ratio_text:>7} {target_text}")
     if "peak_matmul" in results:
         lines.append(f"peak float32 matmul: {results['peak_matmul']['flops_per_s'] / 1e9:.1f} GFLOP/s")
+    if "train_interleaved" in results:
+        spread = results["train_interleaved"]["round_ratios"]
+        lines.append(f"interleaved training ratio per round: min {min(spread):.2f}, "
+                     f"max {max(spread):.2f} over {len(spread)} rounds")
     if "bf16_curves" in results:
         curves = results["bf16_curves"]
         lines.append(
