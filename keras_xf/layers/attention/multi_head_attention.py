@@ -46,7 +46,9 @@ class MultiHeadAttention(keras.layers.Layer):
       broadcastable to `[B, H, T, S]`; a bias with `has_value_term = True` also provides
       `value_term(weights, value, query_positions, key_positions) -> [B, T, H, Dh]`;
     - `multiplier(query, key, query_positions, key_positions)`, broadcastable to `[B, H, T, S]`;
-    - `pattern(query_positions, key_positions)`, a boolean mask broadcastable to `[B, H, T, S]`.
+    - `pattern(query_positions, key_positions)`, a boolean mask broadcastable to `[B, H, T, S]`
+      (an `AttentionPattern`; one with `uses_states = True` also gets `query=q, key=k`, and
+      one with `supports_decoding = False` refuses `cache_index`).
 
     Args:
         num_heads: int, query heads `τ`.
@@ -285,7 +287,7 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_mask,
             causal_mask(query_length, key_length, offset) if causal else None,
             valid_keys,
-            None if self.pattern is None else self.pattern(query_positions, key_positions),
+            self._pattern_mask(q, k, query_positions, key_positions, cache_index),
         )
         bias = None
         for hook in self.biases:
@@ -334,6 +336,18 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results += (new_cache,)
         return results[0] if len(results) == 1 else results
+
+    def _pattern_mask(self, q, k, query_positions, key_positions, cache_index):
+        if self.pattern is None:
+            return None
+        if cache_index is not None and not getattr(self.pattern, "supports_decoding", True):
+            raise ValueError(
+                f"pattern={type(self.pattern).__name__} does not support cached decoding (the "
+                "field of a query depends on later keys). Received: cache_index with this pattern"
+            )
+        if getattr(self.pattern, "uses_states", False):
+            return self.pattern(query_positions, key_positions, query=q, key=k)
+        return self.pattern(query_positions, key_positions)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
