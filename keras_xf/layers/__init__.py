@@ -1,7 +1,10 @@
 """keras_xf layers: one public class per file, grouped by concern."""
 
+from keras_xf.layers.attention.alibi_bias import AlibiBias
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
+from keras_xf.layers.attention.relative_position_bias import RelativePositionBias
+from keras_xf.layers.attention.relative_position_embedding import RelativePositionEmbedding
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.learned_position_embedding import LearnedPositionEmbedding

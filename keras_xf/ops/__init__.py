@@ -11,7 +11,11 @@ from keras_xf.ops.masks import expand_attention_mask
 from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.masks import merge_masks
 from keras_xf.ops.masks import padding_mask
+from keras_xf.ops.positions import alibi_slopes
 from keras_xf.ops.positions import apply_rotary
+from keras_xf.ops.positions import clip_relative_distance
+from keras_xf.ops.positions import relative_distance
+from keras_xf.ops.positions import relative_position_buckets
 from keras_xf.ops.positions import rotary_angles
 from keras_xf.ops.positions import sinusoid_inverse_frequencies
 from keras_xf.ops.positions import sinusoid_table

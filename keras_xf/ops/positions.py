@@ -1,8 +1,13 @@
-"""Position encodings as pure functions: the sinusoid table and the rotary rotation.
+"""Position encodings as pure functions: the sinusoid table, the rotary rotation, and the
+relative positions of attention biases.
 
 Survey §2.2 and Appendix A for the sinusoidal encoding; rotary position embeddings (RoPE)
-are listed in the survey's summary of position models (§6).
+are listed in the survey's summary of position models (§6); clipped relative distances are
+those of relative positional representations (§4.1.3), T5 buckets and ALiBi slopes are the
+relative-position biases the survey cites there and in its summary.
 """
+
+import math
 
 from keras import ops
 
@@ -69,3 +74,144 @@ def apply_rotary(inputs, positions, base=10000.0, scaling_factor=1.0):
     x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2 :]
     rotated = ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return ops.cast(rotated, inputs.dtype)
+
+
+def relative_distance(query_positions, key_positions):
+    """`j − i` for every query position `i` and key position `j`, as int32 `[T, S]`."""
+    query_positions = ops.cast(query_positions, "int32")
+    key_positions = ops.cast(key_positions, "int32")
+    return key_positions[None, :] - query_positions[:, None]
+
+
+def clip_relative_distance(distance, max_distance):
+    """`clip(x, k_rpr) = max{−k_rpr, min{x, k_rpr}}` (survey §4.1.3), as int32.
+
+    Args:
+        distance: int tensor of relative distances `j − i`, any shape.
+        max_distance: int `k_rpr ≥ 0`.
+
+    Returns:
+        An int32 tensor like `distance`, with values in `[−k_rpr, k_rpr]`.
+
+    Example:
+    >>> clip_relative_distance(ops.arange(-3, 4), 2)  # [-2, -2, -1, 0, 1, 2, 2]
+    """
+    if not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance < 0:
+        raise ValueError(
+            "max_distance (k_rpr) must be an int >= 0. "
+            f"Received: max_distance={max_distance}"
+        )
+    return ops.clip(ops.cast(distance, "int32"), -max_distance, max_distance)
+
+
+def relative_position_buckets(relative_position, num_buckets=32, max_distance=128,
+                              bidirectional=True):
+    """T5's buckets of relative positions `j − i` (Raffel et al., cited in survey §4.1.3).
+
+    Small distances get a bucket each; larger ones share logarithmically wider buckets up to
+    `max_distance`, beyond which all distances fall in the last bucket. Bidirectional: half
+    of the buckets for keys before or at the query (`j ≤ i`), half for keys after it (`j > i`).
+    Causal (`bidirectional=False`): all buckets for `i − j ≥ 0`; keys after the query share
+    bucket 0.
+
+    With `n = i − j` (`|i − j|` bidirectional) and `N` buckets per side, `e = N // 2` exact
+    buckets: `bucket = n` if `n < e`, else
+    `min(N − 1, e + ⌊log(n / e) / log(max_distance / e) · (N − e)⌋)`, plus `N` for `j > i`
+    when bidirectional.
+
+    Args:
+        relative_position: int tensor of `j − i`, any shape.
+        num_buckets: int, buckets in all (even and ≥ 4 when bidirectional, ≥ 2 causal).
+        max_distance: int, distance from which everything falls in the last bucket; greater
+            than `e`.
+        bidirectional: bool.
+
+    Returns:
+        int32 tensor like `relative_position`, values in `[0, num_buckets)`.
+
+    Example:
+    >>> relative_position_buckets(ops.arange(-4, 5), num_buckets=8, max_distance=8)
+    """
+    check_bucket_config(num_buckets, max_distance, bidirectional)
+    relative_position = ops.cast(relative_position, "int32")
+    n = -relative_position  # i − j
+    buckets = 0
+    if bidirectional:
+        num_buckets //= 2
+        buckets = ops.cast(ops.less(n, 0), "int32") * num_buckets
+        n = ops.abs(n)
+    else:
+        n = ops.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = ops.less(n, max_exact)
+    # `n` is at least `max_exact` wherever the logarithmic branch is taken; the maximum keeps
+    # log(0) out of the unused branch.
+    ratio = ops.cast(ops.maximum(n, max_exact), "float32") / float(max_exact)
+    large = max_exact + ops.cast(
+        ops.log(ratio) / math.log(max_distance / max_exact) * (num_buckets - max_exact), "int32"
+    )
+    large = ops.minimum(large, num_buckets - 1)
+    return ops.cast(buckets + ops.where(is_small, n, large), "int32")
+
+
+def check_bucket_config(num_buckets, max_distance, bidirectional):
+    """Raises `ValueError` unless `relative_position_buckets` can use these settings."""
+    minimum = 4 if bidirectional else 2
+    if (
+        not isinstance(num_buckets, int)
+        or isinstance(num_buckets, bool)
+        or num_buckets < minimum
+        or (bidirectional and num_buckets % 2)
+    ):
+        kind = "an even int >= 4 when bidirectional" if bidirectional else "an int >= 2"
+        raise ValueError(
+            f"num_buckets must be {kind}. Received: num_buckets={num_buckets}, "
+            f"bidirectional={bidirectional}"
+        )
+    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    if not isinstance(max_distance, int) or isinstance(max_distance, bool) or (
+        max_distance <= max_exact
+    ):
+        raise ValueError(
+            f"max_distance must be an int greater than the {max_exact} exact buckets "
+            f"(num_buckets={num_buckets}). Received: max_distance={max_distance}"
+        )
+
+
+def alibi_slopes(num_heads, max_bias=8.0):
+    """ALiBi's per-head slopes `m_h` (Press et al., cited in the survey's summary, §7).
+
+    For `H` a power of two, `m_h = 2^(−max_bias · h / H)`, `h = 1 … H` (the geometric
+    sequence starting at `2^(−8/H)` for the default `max_bias = 8`). Otherwise the slopes of
+    the largest power of two `P < H` are followed by every other slope of `2P` heads
+    (`m_1, m_3, …` of the `2P` sequence) until there are `H`.
+
+    Args:
+        num_heads: positive int.
+        max_bias: positive float, the exponent range (8 in ALiBi).
+
+    Returns:
+        float32 tensor `[num_heads]`.
+
+    Example:
+    >>> alibi_slopes(4)  # [0.25, 0.0625, 0.015625, 0.00390625]
+    """
+    return ops.convert_to_tensor(alibi_slope_values(num_heads, max_bias), dtype="float32")
+
+
+def alibi_slope_values(num_heads, max_bias=8.0):
+    """The slopes of `alibi_slopes` as a Python list of floats."""
+    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive int. Received: num_heads={num_heads}")
+    if not isinstance(max_bias, (int, float)) or isinstance(max_bias, bool) or max_bias <= 0:
+        raise ValueError(f"max_bias must be a positive number. Received: max_bias={max_bias}")
+
+    def power_of_two(n):
+        return [2.0 ** (-max_bias * h / n) for h in range(1, n + 1)]
+
+    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    if closest == num_heads:
+        return power_of_two(num_heads)
+    return power_of_two(closest) + alibi_slope_values(2 * closest, max_bias)[0::2][
+        : num_heads - closest
+    ]
