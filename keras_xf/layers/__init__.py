@@ -2,6 +2,13 @@
 
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
+from keras_xf.layers.attention.patterns.clustering_pattern import ClusteringPattern
+from keras_xf.layers.attention.patterns.dilated_pattern import DilatedPattern
+from keras_xf.layers.attention.patterns.global_pattern import GlobalPattern
+from keras_xf.layers.attention.patterns.hashing_pattern import HashingPattern
+from keras_xf.layers.attention.patterns.hybrid_pattern import HybridPattern
+from keras_xf.layers.attention.patterns.per_head_pattern import PerHeadPattern
+from keras_xf.layers.attention.patterns.random_pattern import RandomPattern
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.learned_position_embedding import LearnedPositionEmbedding
