@@ -1,0 +1,1 @@
+"""Sparse attention fields plugged in as `MultiHeadAttention(pattern=...)` (survey §5.1)."""

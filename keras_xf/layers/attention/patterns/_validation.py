@@ -1,0 +1,61 @@
+"""Argument checks and mask helpers shared by the attention patterns."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_xf.ops.masks import expand_attention_mask
+
+
+def check_positive_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {kind}. Received: {name}={value}")
+
+
+def check_seed(seed):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed must be None or a non-negative int. Received: seed={seed}")
+
+
+def draw_seed(seed):
+    """The seed itself, or a fresh one drawn from the operating system's entropy."""
+    return int(np.random.SeedSequence().generate_state(1)[0]) if seed is None else seed
+
+
+def as_rank4(mask):
+    """A boolean pattern mask of rank 2, 3 or 4 brought to `[B|1, H|1, T, S]`."""
+    return expand_attention_mask(mask)
+
+
+def deserialize_patterns(patterns, argument):
+    if not isinstance(patterns, (list, tuple)) or not patterns:
+        raise ValueError(
+            f"{argument} must be a non-empty list of AttentionPattern layers. "
+            f"Received: {argument}={patterns}"
+        )
+    layers = []
+    for pattern in patterns:
+        if isinstance(pattern, dict):
+            pattern = keras.saving.deserialize_keras_object(pattern)
+        if not isinstance(pattern, keras.layers.Layer):
+            raise ValueError(
+                f"{argument} must hold AttentionPattern layers. "
+                f"Received: {argument} entry {pattern!r}"
+            )
+        layers.append(pattern)
+    return layers
+
+
+def call_pattern(pattern, query_positions, key_positions, query, key):
+    if getattr(pattern, "uses_states", False):
+        return pattern(query_positions, key_positions, query=query, key=key)
+    return pattern(query_positions, key_positions)
+
+
+def key_heads_like_query(query, key):
+    """Repeats the `Hkv` key heads of grouped-query attention to the `H` query heads."""
+    heads, kv_heads = query.shape[2], key.shape[2]
+    if heads == kv_heads:
+        return key
+    return ops.repeat(key, heads // kv_heads, axis=2)
