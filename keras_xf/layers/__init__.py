@@ -1,6 +1,7 @@
 """keras_xf layers: one public class per file, grouped by concern."""
 
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
+from keras_xf.layers.attention.compressed_attention import CompressedAttention
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
@@ -10,6 +11,7 @@ from keras_xf.layers.embeddings.sinusoidal_position_encoding import SinusoidalPo
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
 from keras_xf.layers.feedforward.feed_forward import FeedForward
+from keras_xf.layers.feedforward.product_key_memory import ProductKeyMemory
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
 from keras_xf.layers.residual.residual import Residual
