@@ -2,6 +2,7 @@
 
 from keras_xf.layers.attention.alibi_bias import AlibiBias
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
+from keras_xf.layers.attention.compressed_attention import CompressedAttention
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.attention.patterns.clustering_pattern import ClusteringPattern
 from keras_xf.layers.attention.patterns.dilated_pattern import DilatedPattern
@@ -20,6 +21,7 @@ from keras_xf.layers.embeddings.sinusoidal_position_encoding import SinusoidalPo
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
 from keras_xf.layers.feedforward.feed_forward import FeedForward
+from keras_xf.layers.feedforward.product_key_memory import ProductKeyMemory
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
 from keras_xf.layers.residual.residual import Residual

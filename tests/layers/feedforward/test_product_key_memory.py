@@ -1,0 +1,130 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_xf.layers import MultiHeadAttention
+from keras_xf.layers import ProductKeyMemory
+from keras_xf.layers import TransformerBlock
+from tests import layer_checks as checks
+from tests.models.tiny import causal_lm
+from tests.models.tiny import token_batch
+from tests.reference import compressed as ref
+
+B, T, D = 2, 5, 16
+
+
+def _inputs(rng, width=D):
+    return rng.normal(size=(B, T, width)).astype("float32")
+
+
+def _np(x):
+    return checks.to_numpy(x).astype("float64")
+
+
+def _reference(layer, x):
+    bias = layer.query_dense.bias
+    return ref.product_key_memory(
+        x.astype("float64"),
+        _np(layer.query_dense.kernel),
+        None if bias is None else _np(bias),
+        _np(layer.sub_keys),
+        _np(layer.values.embeddings),
+        layer.top_k,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_keys=6, top_k=3),
+        dict(num_keys=5, top_k=4, num_heads=2, key_dim=8, use_bias=False),
+        dict(num_keys=4, top_k=4, num_heads=3, output_dim=12),
+    ],
+)
+def test_matches_brute_force_reference(rng, kwargs):
+    layer = ProductKeyMemory(**kwargs)
+    x = _inputs(rng)
+    layer(x)
+    for w in layer.weights:
+        w.assign(rng.normal(size=w.shape).astype("float32"))
+    out = checks.to_numpy(layer(x))
+    assert out.shape == (B, T, kwargs.get("output_dim", D))
+    np.testing.assert_allclose(out, _reference(layer, x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        (dict(num_keys=6, top_k=3), D * D + D + 6 * D + 36 * D),
+        (dict(num_keys=5, top_k=2, num_heads=2, key_dim=8, use_bias=False), D * 16 + 2 * 5 * 8 + 25 * D),
+        (dict(num_keys=4, top_k=2, query_batch_norm=True), D * D + D + 4 * D + 16 * D + 4 * D),
+    ],
+)
+def test_exact_weight_count(kwargs, expected):
+    layer = ProductKeyMemory(**kwargs)
+    layer.build((B, T, D))
+    assert checks.count_params(layer) == expected
+
+
+def test_config_round_trip_fit_and_saving(rng, tmp_path):
+    layer = ProductKeyMemory(num_keys=6, top_k=3, num_heads=2, query_batch_norm=True)
+    checks.check_config_round_trip(layer)
+    x = _inputs(rng)
+    model = checks.wrap_in_model(layer, [x])
+    assert checks.check_config_round_trip(layer).key_dim == D
+    checks.check_fit_step(model, [x])
+    checks.check_saving(model, [x], tmp_path, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision(rng, policy):
+    out = checks.check_mixed_precision(
+        lambda **kw: ProductKeyMemory(num_keys=6, top_k=3, num_heads=2, query_batch_norm=True, **kw),
+        [_inputs(rng)],
+        policy=policy,
+    )
+    assert keras.backend.standardize_dtype(out.dtype) == keras.DTypePolicy(policy).compute_dtype
+
+
+@checks.xla_only
+def test_jit_compile(rng):
+    x = _inputs(rng)
+    model = checks.wrap_in_model(ProductKeyMemory(num_keys=6, top_k=3, num_heads=2), [x])
+    checks.check_jit_compile(model, [x])
+
+
+def test_causal_lm_with_memory_feedforward_trains(rng):
+    block = TransformerBlock(MultiHeadAttention(num_heads=2), ProductKeyMemory(num_keys=8, top_k=4))
+    model = causal_lm(block=block, num_layers=1)
+    x = token_batch(rng, lengths=[8, 6])
+    y = np.roll(x["token_ids"], -1, axis=1)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2))
+    memory = model.backbone.transformer_stack.blocks[0].feedforward
+    before = checks.to_numpy(memory.values.embeddings).copy()
+    losses = [float(model.train_on_batch(x, y)[0]) for _ in range(4)]
+    assert np.all(np.isfinite(losses)), losses
+    assert losses[-1] < losses[0], losses
+    assert not np.allclose(checks.to_numpy(memory.values.embeddings), before)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(num_keys=0), "num_keys=0"),
+        (dict(num_keys=4, top_k=0), "top_k=0"),
+        (dict(num_keys=4, top_k=5), "top_k=5, num_keys=4"),
+        (dict(num_keys=4, num_heads=-1), "num_heads=-1"),
+        (dict(num_keys=4, top_k=2, key_dim=7), "key_dim=7"),
+        (dict(num_keys=4, top_k=2, output_dim=0), "output_dim=0"),
+    ],
+)
+def test_bad_configs_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ProductKeyMemory(**kwargs)
+
+
+def test_bad_inputs_raise(rng):
+    layer = ProductKeyMemory(num_keys=4, top_k=2)
+    layer(_inputs(rng))
+    with pytest.raises(ValueError, match="width 16"):
+        layer(_inputs(rng, width=8))
