@@ -1,6 +1,7 @@
 """keras_xf layers: one public class per file, grouped by concern."""
 
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
+from keras_xf.layers.attention.locality_prior import LocalityPrior
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
