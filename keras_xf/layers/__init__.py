@@ -3,6 +3,7 @@
 from keras_xf.layers.attention.alibi_bias import AlibiBias
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
 from keras_xf.layers.attention.compressed_attention import CompressedAttention
+from keras_xf.layers.attention.locality_prior import LocalityPrior
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.attention.patterns.clustering_pattern import ClusteringPattern
 from keras_xf.layers.attention.patterns.dilated_pattern import DilatedPattern

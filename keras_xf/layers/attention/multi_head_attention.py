@@ -44,7 +44,10 @@ class MultiHeadAttention(keras.layers.Layer):
     - `position.rotate(query, key, query_positions, key_positions) -> (query, key)`;
     - `bias(query, key, query_positions, key_positions)` returns an additive bias
       broadcastable to `[B, H, T, S]`; a bias with `has_value_term = True` also provides
-      `value_term(weights, value, query_positions, key_positions) -> [B, T, H, Dh]`;
+      `value_term(weights, value, query_positions, key_positions) -> [B, T, H, Dh]`; a
+      bias with `mixes_weights = True` is not added to the scores but provides
+      `mix_weights(weights, query, key, query_positions, key_positions, mask)`, applied to the
+      softmax weights (e.g. the locality-prior mixture of survey §4.1.1);
     - `multiplier(query, key, query_positions, key_positions)`, broadcastable to `[B, H, T, S]`;
     - `pattern(query_positions, key_positions)`, a boolean mask broadcastable to `[B, H, T, S]`
       (an `AttentionPattern`; one with `uses_states = True` also gets `query=q, key=k`, and
@@ -143,6 +146,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # element) instead of `torch.nn.functional.dropout`.
         self.seed_generator = keras.random.SeedGenerator()
         self._value_term_biases = [b for b in self.biases if getattr(b, "has_value_term", False)]
+        self._weight_mixers = [b for b in self.biases if getattr(b, "mixes_weights", False)]
 
     def _projection(self, name, equation, output_shape, bias_axes):
         return keras.layers.EinsumDense(
@@ -291,6 +295,8 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         bias = None
         for hook in self.biases:
+            if getattr(hook, "mixes_weights", False):
+                continue
             term = hook(q, k, query_positions, key_positions)
             bias = term if bias is None else bias + term
 
@@ -299,6 +305,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return_attention_scores
             or self.multiplier is not None
             or self._value_term_biases
+            or self._weight_mixers
         )
         weights = None
         if not explicit:
@@ -321,6 +328,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 multiplier = self.multiplier(q, k, query_positions, key_positions)
                 scores = scores * ops.cast(multiplier, "float32")
             weights = masked_softmax(scores, mask)
+            weights = self._mix_weights(weights, q, k, query_positions, key_positions, mask)
             attended = weights
             if use_dropout:
                 attended = keras.random.dropout(weights, self.dropout, seed=self.seed_generator)
@@ -336,6 +344,12 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results += (new_cache,)
         return results[0] if len(results) == 1 else results
+
+    def _mix_weights(self, weights, q, k, query_positions, key_positions, mask):
+        """The softmax weights after the `mixes_weights` biases, in order."""
+        for hook in self._weight_mixers:
+            weights = hook.mix_weights(weights, q, k, query_positions, key_positions, mask)
+        return weights
 
     def _pattern_mask(self, q, k, query_positions, key_positions, cache_index):
         if self.pattern is None:
