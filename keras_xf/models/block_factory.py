@@ -56,7 +56,11 @@ def prepare_block(block, position, cross_attention=False):
                 f"{config['mixer']['class_name']}. Pass a block with cross_attention set."
             )
         cross = dict(config["mixer"])
-        cross["config"] = dict(cross["config"], position=None, causal=False, name="cross_attention")
+        # The self-attention hooks (positions, relative biases, priors, fields) relate query
+        # and key positions of one sequence; the copy for cross-attention drops them. A
+        # cross-attention with its own hooks is passed as the block's `cross_attention`.
+        cross["config"] = dict(cross["config"], position=None, biases=[], multiplier=None,
+                               pattern=None, causal=False, name="cross_attention")
         config["cross_attention"] = cross
     if not cross_attention and config.get("cross_attention") is not None:
         raise ValueError("An encoder or decoder-only block cannot have cross_attention.")
