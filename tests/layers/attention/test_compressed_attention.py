@@ -5,6 +5,7 @@ import pytest
 from keras_xf.layers import CompressedAttention
 from keras_xf.layers import FeedForward
 from keras_xf.layers import MultiHeadAttention
+from keras_xf.layers import ProductKeyMemory
 from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
 from tests.models.tiny import FFN
@@ -232,11 +233,16 @@ def test_text_classifier_with_projection_trains(rng):
     _train(model, token_batch(rng, lengths=[8, 5]), np.array([0, 1], "int32"))
 
 
-def test_causal_lm_with_selection_trains(rng):
-    block = TransformerBlock(CompressedAttention(num_heads=2, **SELECTION), FeedForward(FFN))
+def test_causal_lm_with_selection_and_memory_trains(rng):
+    # Selection attention is causal; the product-key memory is the block's feedforward.
+    mixer = CompressedAttention(num_heads=2, **SELECTION)
+    block = TransformerBlock(mixer, ProductKeyMemory(num_keys=8, top_k=4))
     model = causal_lm(block=block, num_layers=1)
+    memory = model.backbone.transformer_stack.blocks[0].feedforward
+    before = checks.to_numpy(memory.values.embeddings).copy()
     x = token_batch(rng, lengths=[8, 6])
     _train(model, x, np.roll(x["token_ids"], -1, axis=1))
+    assert not np.allclose(checks.to_numpy(memory.values.embeddings), before)
 
 
 @pytest.mark.parametrize(
