@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BACKENDS ?= tensorflow jax torch
 PYTEST_ARGS ?=
 
-.PHONY: install test test-one demo bench clean
+.PHONY: install test test-one demo bench docs clean
 
 install: $(VENV)/.installed
 
@@ -43,3 +43,7 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# docs/attention.md and its pictures of every attention variant's field.
+docs: install
+	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) docs/draw_attention_fields.py

@@ -1,0 +1,169 @@
+"""Writes `docs/attention.md` and its pictures: every attention variant of keras_xf drawn as
+the attention field of one head on a fixed random input of 16 tokens.
+
+    python docs/draw_attention_fields.py            # (or `make docs`)
+
+Each entry's usage is two lines of Python that build `attention`; the script runs exactly
+those lines, so the page cannot drift from the library. The picture is the float32 weight
+matrix α (query i down, key j across) that `attention(x, return_attention_scores=True)`
+returns for head 0, with masked keys in white.
+"""
+
+import os
+import pathlib
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import keras  # noqa: E402
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_xf.layers  # noqa: E402
+
+LENGTH, WIDTH = 16, 32
+DOCS = pathlib.Path(__file__).resolve().parent
+IMAGES = DOCS / "images" / "attention"
+
+# (title, survey section, what it is, two lines of usage, call arguments)
+ENTRIES = [
+    ("Full multi-head attention", "§2.3",
+     "Every query attends to every key; the reference for the fields below.",
+     "attention = MultiHeadAttention(num_heads=2)", {}),
+    ("Causal mask", "§2.6",
+     "Query i sees keys j ≤ i (decoders).",
+     "attention = MultiHeadAttention(num_heads=2, causal=True)", {}),
+    ("Relative position representations (Shaw)", "§4.1.3",
+     "Learned PE(i, j) = u_clip(j−i, k_rpr) added to the keys (and values, and optionally "
+     "queries) inside the scores.",
+     "rpr = RelativePositionEmbedding(max_distance=4, use_values=True)\n"
+     "attention = MultiHeadAttention(num_heads=2, biases=[rpr])", {}),
+    ("T5 relative position buckets", "§4.1.3",
+     "One learned scalar per head and log-spaced distance bucket.",
+     "bias = RelativePositionBias(num_buckets=8, max_distance=16, bidirectional=True)\n"
+     "attention = MultiHeadAttention(num_heads=2, biases=[bias])", {}),
+    ("ALiBi", "§6 (summary)",
+     "A fixed linear penalty −m_h·|i−j| with geometric per-head slopes.",
+     "attention = MultiHeadAttention(num_heads=2, causal=True, biases=[AlibiBias()])", {}),
+    ("Locality prior, Gaussian (additive)", "§4.1.1",
+     "−γ·(i−j)²/2σ² added to the scores.",
+     "prior = LocalityPrior(distance=\"gaussian\", sigma=2.0, gamma=1.0)\n"
+     "attention = MultiHeadAttention(num_heads=2, biases=[prior])", {}),
+    ("Locality prior, β-mixture", "§4.1.1",
+     "(1−β)·Softmax(scores) + β·Softmax(−γG) with G = |i−j|.",
+     "prior = LocalityPrior(form=\"mixture\", distance=\"absolute\", gamma=1.0, beta=0.5)\n"
+     "attention = MultiHeadAttention(num_heads=2, biases=[prior])", {}),
+    ("Locality prior, multiplicative", "§4.1.1",
+     "scores ⊙ G′ with G′ = exp(−γ|i−j|).",
+     "prior = LocalityPrior(form=\"multiplicative\", distance=\"absolute\", gamma=0.5)\n"
+     "attention = MultiHeadAttention(num_heads=2, multiplier=prior)", {}),
+    ("Dilated window", "§5.1",
+     "Keys at distances 0, d, 2d, … up to window·d.",
+     "attention = MultiHeadAttention(num_heads=2, pattern=DilatedPattern(window=3, dilation=2))",
+     {}),
+    ("Global tokens", "§5.1",
+     "Global positions attend everywhere and are attended by every query.",
+     "field = HybridPattern([DilatedPattern(window=1), GlobalPattern(global_positions=[0, 8])])\n"
+     "attention = MultiHeadAttention(num_heads=2, pattern=field)", {}),
+    ("Fixed random field", "§5.1",
+     "Each query gets a few random keys, drawn once from a seed and saved with the model.",
+     "field = RandomPattern(num_random=3, max_length=16, seed=1)\n"
+     "attention = MultiHeadAttention(num_heads=2, pattern=field)", {}),
+    ("Hybrid: local + global + random", "§5.1",
+     "The union of a local window, global tokens and random keys.",
+     "field = HybridPattern([DilatedPattern(window=1), GlobalPattern(num_global=1), "
+     "RandomPattern(num_random=2, max_length=16, seed=1)])\n"
+     "attention = MultiHeadAttention(num_heads=2, pattern=field)", {}),
+    ("Per-head fields (head 1 shown)", "§5.1",
+     "Head h uses the h-th field: here head 0 a window, head 1 global tokens.",
+     "field = PerHeadPattern([DilatedPattern(window=1), GlobalPattern(num_global=2)])\n"
+     "attention = MultiHeadAttention(num_heads=2, pattern=field)", {"head": 1}),
+    ("Learned field by hashing (LSH)", "§5.1",
+     "Queries and keys hashed by random rotations; attention within the same bucket.",
+     "field = HashingPattern(num_buckets=4, seed=0)\n"
+     "attention = MultiHeadAttention(num_heads=2, pattern=field)", {}),
+    ("Learned field by clustering", "§5.1",
+     "Queries and keys assigned to the nearest learned centroid; attention within a cluster.",
+     "field = ClusteringPattern(num_clusters=3, seed=0)\n"
+     "attention = MultiHeadAttention(num_heads=2, pattern=field)", {}),
+    ("Key selection (compressed attention)", "§5.3.1",
+     "Each query keeps its n′ top-scoring keys.",
+     "attention = CompressedAttention(num_heads=2, method=\"selection\", compressed_length=4)",
+     {}),
+    ("Linformer projection (compressed attention)", "§5.3.1",
+     "Keys and values projected from n = 16 to n′ = 4 positions (the columns are the n′ "
+     "compressed keys).",
+     "attention = CompressedAttention(num_heads=2, method=\"projection\", compressed_length=4,\n"
+     "                                max_length=16)", {}),
+]
+
+
+def _slug(title):
+    keep = "".join(c.lower() if c.isascii() and c.isalnum() else "_" for c in title)
+    return "_".join(part for part in keep.split("_") if part)
+
+
+def _field(code, call_args):
+    namespace = {name: getattr(keras_xf.layers, name) for name in keras_xf.layers.__all__} \
+        if hasattr(keras_xf.layers, "__all__") else dict(vars(keras_xf.layers))
+    exec(code, namespace)
+    attention = namespace["attention"]
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).standard_normal((1, LENGTH, WIDTH)).astype("float32")
+    kwargs = {k: v for k, v in call_args.items() if k != "head"}
+    _, weights = attention(x, return_attention_scores=True, **kwargs)
+    return keras.ops.convert_to_numpy(weights)[0, call_args.get("head", 0)]
+
+
+def _draw(weights, path, title):
+    figure, axis = plt.subplots(figsize=(2.6, 2.6), dpi=100)
+    shown = np.ma.masked_where(weights <= 0, weights)
+    axis.imshow(shown, cmap="viridis", interpolation="nearest")
+    axis.set_title(title, fontsize=8)
+    axis.set_xlabel("key j", fontsize=7)
+    axis.set_ylabel("query i", fontsize=7)
+    axis.tick_params(labelsize=6)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def main():
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# Attention variants",
+        "",
+        "Every variant plugs into `MultiHeadAttention` through the score pipeline of the design",
+        "page (`position=`, `biases=[...]`, `multiplier=`, `pattern=`, or a subclass), so each one",
+        "composes with every block and model (`TransformerBlock(mixer=attention, ...)`, then",
+        "`CausalLM(block=...)` or `TextClassifier(block=...)`). Each picture is the attention",
+        "weight matrix of one head, at initialisation, on a random input of 16 tokens (query i",
+        "down, key j across; white = no weight), drawn by `docs/draw_attention_fields.py` from",
+        "the lines of usage printed under it (`make docs` redraws them). The layers are imported",
+        "from `keras_xf.layers`.",
+        "",
+    ]
+    for title, section, what, code, call_args in ENTRIES:
+        weights = _field(code, call_args)
+        image = IMAGES / f"{_slug(title)}.png"
+        _draw(weights, image, title)
+        lines += [
+            f"## {title} (survey {section})",
+            "",
+            what,
+            "",
+            f"![{title}](images/attention/{image.name})",
+            "",
+            "```python",
+            code,
+            "```",
+            "",
+        ]
+    (DOCS / "attention.md").write_text("\n".join(lines))
+    print(f"wrote {DOCS / 'attention.md'} and {len(ENTRIES)} pictures in {IMAGES}")
+
+
+if __name__ == "__main__":
+    main()
