@@ -178,7 +178,7 @@ def test_block_and_stack_pass_the_matrices_to_every_mixer(rng):
 
 
 def _stack_model(x, add, policy=None):
-    stack = TransformerStack(_block(guided_heads=[1]), num_layers=2, dtype=policy)
+    stack = TransformerStack(_block(guided_heads=[1]), num_layers=1, dtype=policy)
     return checks.wrap_in_model(stack, [x], {"attention_bias": add})
 
 
