@@ -3,8 +3,8 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.attention.score_extensions import ScoreExtensionsMixin
+from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.ops.attention import attend
 from keras_xf.ops.attention import attention_scores
