@@ -38,6 +38,8 @@ class TransformerBackbone(FunctionalModel):
         dropout: float, dropout of embeddings and default block.
         tie_embeddings: bool, the token embedding also serves as output projection.
         embedding_scale: bool, scale token embeddings by `√d`.
+        share_attention_maps: int `k`, consecutive layers sharing one attention map (survey
+            §5.4; see `TransformerStack`); 1 = no sharing.
         dtype: a dtype policy name or object.
 
     Inputs: `{"token_ids": int [B, T], "padding_mask": [B, T]}`.
@@ -67,6 +69,7 @@ class TransformerBackbone(FunctionalModel):
         dropout=0.0,
         tie_embeddings=True,
         embedding_scale=False,
+        share_attention_maps=1,
         dtype=None,
         **kwargs,
     ):
@@ -104,7 +107,11 @@ class TransformerBackbone(FunctionalModel):
             name="embeddings",
         )
         self.transformer_stack = TransformerStack(
-            template, num_layers, dtype=policy, name="transformer_stack"
+            template,
+            num_layers,
+            share_attention_maps=share_attention_maps,
+            dtype=policy,
+            name="transformer_stack",
         )
 
         # Functional model
@@ -139,6 +146,7 @@ class TransformerBackbone(FunctionalModel):
         self.dropout = dropout
         self.tie_embeddings = tie_embeddings
         self.embedding_scale = embedding_scale
+        self.share_attention_maps = share_attention_maps
 
     @property
     def token_embedding(self):
@@ -164,6 +172,7 @@ class TransformerBackbone(FunctionalModel):
                 "dropout": self.dropout,
                 "tie_embeddings": self.tie_embeddings,
                 "embedding_scale": self.embedding_scale,
+                "share_attention_maps": self.share_attention_maps,
             }
         )
         return config

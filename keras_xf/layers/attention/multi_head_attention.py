@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.attention.score_extensions import ScoreExtensionsMixin
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.ops.attention import attend
@@ -26,7 +27,7 @@ def _serialize(layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
     """Multi-head attention: `C = Merge(C₁ … C_τ) W_c`, `C_h = Softmax(Q_h K_hᵀ/√d_h + M) V_h`.
 
     Survey §2.3 (multi-head self-attention), §2.6 (cross-attention and the causal mask `M`)
@@ -63,6 +64,11 @@ class MultiHeadAttention(keras.layers.Layer):
         causal: bool, default for `use_causal_mask`.
         scale: float, score scale; defaults to `1/√head_dim`.
         position, biases, multiplier, pattern: the plug points above (`biases` is a list).
+        guided_heads: list of head indices that receive `attention_bias` /
+            `attention_multiplier` (survey §3.3: syntax guides only some heads); `None` = all.
+        qk_dim: int `d′`, width of each query and key head (survey §5.3.2, low-dimensional
+            queries and keys); values keep `head_dim`. Scores are computed in the `d′` space
+            and `scale` defaults to `1/√d′`. `None` means `head_dim`.
         kernel_initializer, bias_initializer: initializers of the projections.
         **kwargs: base `Layer` arguments.
 
@@ -72,6 +78,14 @@ class MultiHeadAttention(keras.layers.Layer):
         key: `[B, S, d_kv]`, defaults to `value`.
         padding_mask: boolean `[B, S]`, `True` for real key/value tokens.
         attention_mask: boolean `[B, T, S]` or `[B, H, T, S]`.
+        attention_bias: float `[B, T, S]` or `[B, H, T, S]`, the syntax matrix `M` added to the
+            scores before masking: `Softmax(QKᵀ/√d + M)` (survey §3.2); `−inf` entries are
+            clipped to −1e9. Only the `guided_heads` receive it.
+        attention_multiplier: float `[B, T, S]` or `[B, H, T, S]`, the syntax matrix `M` that
+            multiplies the scores: `Softmax(QKᵀ/√d ⊙ M)` (survey §3.2); explicit path.
+        attention_weights: float `[B, H, T, S]` attention weights computed elsewhere (e.g. by
+            an earlier layer, survey §5.4, attention-map sharing): the scores are not computed
+            and `α·v` uses these weights (masked by this call's masks).
         use_causal_mask: bool, `None` means `causal`.
         cache: `[B, 2, S_max, Hkv, Dh]` from `init_cache`. With `cache_index`, the new keys and
             values are written at `cache_index` and the queries attend to the cache; without
@@ -103,6 +117,8 @@ class MultiHeadAttention(keras.layers.Layer):
         biases=None,
         multiplier=None,
         pattern=None,
+        guided_heads=None,
+        qk_dim=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         **kwargs,
@@ -147,6 +163,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator()
         self._value_term_biases = [b for b in self.biases if getattr(b, "has_value_term", False)]
         self._weight_mixers = [b for b in self.biases if getattr(b, "mixes_weights", False)]
+        self._init_score_extensions(guided_heads, qk_dim)
 
     def _projection(self, name, equation, output_shape, bias_axes):
         return keras.layers.EinsumDense(
@@ -203,26 +220,28 @@ class MultiHeadAttention(keras.layers.Layer):
                 )
         heads, kv_heads, dim = self.num_heads, self.num_key_value_heads, self.head_dim
         out_dim = self.output_dim or hidden_dim
-        self.query_dense = self._projection("query", "btd,dhk->bthk", (None, heads, dim), "hk")
-        self.key_dense = self._projection("key", "bsd,dhk->bshk", (None, kv_heads, dim), "hk")
+        qk = self.qk_dim or dim
+        self.query_dense = self._projection("query", "btd,dhk->bthk", (None, heads, qk), "hk")
+        self.key_dense = self._projection("key", "bsd,dhk->bshk", (None, kv_heads, qk), "hk")
         self.value_dense = self._projection("value", "bsd,dhk->bshk", (None, kv_heads, dim), "hk")
         self.output_dense = self._projection("attention_output", "bthk,hkd->btd", (None, out_dim), "d")
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
         self.output_dense.build((query_shape[0], query_shape[1], heads, dim))
-        head_shape = (query_shape[0], query_shape[1], heads, dim)
+        head_shape = (query_shape[0], query_shape[1], heads, qk)
         for hook in [self.position, self.multiplier, self.pattern] + self.biases:
             if hook is not None and not hook.built:
                 hook.build(head_shape)
 
     def init_cache(self, batch_size, max_length, dtype=None):
-        """A zero cache `[batch_size, 2, max_length, num_key_value_heads, head_dim]`."""
+        """A zero cache `[batch_size, 2, max_length, num_key_value_heads, width]`, `width` =
+        `max(qk_dim, head_dim)` (keys and values zero-padded to it; `head_dim` by default)."""
         if self.head_dim is None:
             raise ValueError(
                 "init_cache needs head_dim: pass head_dim to MultiHeadAttention or build it first."
             )
-        shape = (batch_size, 2, max_length, self.num_key_value_heads, self.head_dim)
+        shape = (batch_size, 2, max_length, self.num_key_value_heads, self._cache_width())
         return ops.zeros(shape, dtype=dtype or self.compute_dtype)
 
     def _check_width(self, arg, tensor, expected):
@@ -243,6 +262,9 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_index=None,
         return_attention_scores=False,
+        attention_bias=None,
+        attention_multiplier=None,
+        attention_weights=None,
         training=None,
     ):
         if len(query.shape) != 3:
@@ -258,7 +280,7 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self._project(self.query_dense, query)
         reuse_cache = cache is not None and cache_index is None and value is None
         if reuse_cache:
-            k, v = cache[:, 0], cache[:, 1]
+            k, v = self._read_cache(cache)
         else:
             value_input = query if value is None else value
             key_input = value_input if key is None else key
@@ -277,13 +299,13 @@ class MultiHeadAttention(keras.layers.Layer):
         valid_keys = None
         new_cache = None
         if cache is not None and cache_index is not None:
-            update = ops.stack([k, ops.cast(v, k.dtype)], axis=1)
+            update = self._cache_entry(k, v)
             new_cache = update_cache(cache, ops.cast(update, cache.dtype), offset)
-            k, v = new_cache[:, 0], new_cache[:, 1]
+            k, v = self._read_cache(new_cache)
             key_positions = ops.arange(ops.shape(k)[1], dtype="int32")
             valid_keys = ops.less(key_positions, offset + query_length)[None, :]
         elif cache is not None:
-            new_cache = cache if reuse_cache else ops.cast(ops.stack([k, v], axis=1), cache.dtype)
+            new_cache = cache if reuse_cache else ops.cast(self._cache_entry(k, v), cache.dtype)
 
         key_length = ops.shape(k)[1]
         mask = merge_masks(
@@ -299,6 +321,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 continue
             term = hook(q, k, query_positions, key_positions)
             bias = term if bias is None else bias + term
+        bias, syntax_multiplier = self._syntax_terms(bias, attention_bias, attention_multiplier, q, k)
 
         use_dropout = bool(training) and self.dropout > 0
         explicit = (
@@ -306,9 +329,14 @@ class MultiHeadAttention(keras.layers.Layer):
             or self.multiplier is not None
             or self._value_term_biases
             or self._weight_mixers
+            or self._needs_explicit_path(syntax_multiplier)
         )
         weights = None
-        if not explicit:
+        if attention_weights is not None:
+            outputs, weights = self._attend_given_weights(
+                attention_weights, v, mask, use_dropout, query_positions, key_positions
+            )
+        elif not explicit:
             outputs = scaled_dot_product_attention(
                 q,
                 k,
@@ -327,6 +355,8 @@ class MultiHeadAttention(keras.layers.Layer):
             if self.multiplier is not None:
                 multiplier = self.multiplier(q, k, query_positions, key_positions)
                 scores = scores * ops.cast(multiplier, "float32")
+            if syntax_multiplier is not None:
+                scores = scores * syntax_multiplier
             weights = masked_softmax(scores, mask)
             weights = self._mix_weights(weights, q, k, query_positions, key_positions, mask)
             attended = weights
@@ -403,6 +433,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 "biases": [_serialize(bias) for bias in self.biases],
                 "multiplier": _serialize(self.multiplier),
                 "pattern": _serialize(self.pattern),
+                "guided_heads": self.guided_heads,
+                "qk_dim": self.qk_dim,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             }

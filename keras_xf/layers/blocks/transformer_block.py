@@ -45,12 +45,18 @@ class TransformerBlock(keras.layers.Layer):
             first call to fill the cross-attention cache and leave it `None` afterwards.
         encoder_padding_mask: boolean `[B, S_enc]`.
         use_causal_mask: bool for the mixer (`None`: the mixer's own default).
+        attention_bias, attention_multiplier: float `[B, T, S]` or `[B, H, T, S]` syntax
+            matrices `M` for the mixer (survey §3.2; see `MultiHeadAttention`).
+        attention_weights: `[B, H, T, S]` weights for the mixer to use instead of its own
+            scores (attention-map sharing, survey §5.4).
+        return_attention_scores: bool, also return the mixer's attention weights.
         cache, cache_index: see `init_cache`; the cache is the mixer's cache, or a tuple
             `(mixer_cache, cross_attention_cache)` when the block has cross-attention.
         training: bool.
 
     Returns:
-        `[B, T, d]`, or `(outputs, new_cache)` when a cache is given.
+        `[B, T, d]`; then the mixer's weights `[B, H, T, S]` when `return_attention_scores`;
+        then the new cache when a cache is given.
 
     Example:
     >>> block = TransformerBlock(MultiHeadAttention(4), FeedForward(64), norm_placement="pre")
@@ -148,6 +154,10 @@ class TransformerBlock(keras.layers.Layer):
         use_causal_mask=None,
         cache=None,
         cache_index=None,
+        attention_bias=None,
+        attention_multiplier=None,
+        attention_weights=None,
+        return_attention_scores=False,
         training=None,
     ):
         self_cache, cross_cache = cache, None
@@ -160,8 +170,17 @@ class TransformerBlock(keras.layers.Layer):
             use_causal_mask=use_causal_mask,
             cache=self_cache,
             cache_index=cache_index,
+            attention_bias=attention_bias,
+            attention_multiplier=attention_multiplier,
+            attention_weights=attention_weights,
+            return_attention_scores=return_attention_scores,
             training=training,
         )
+        scores = None
+        if return_attention_scores:
+            outputs, scores, *rest = outputs
+            if self_cache is not None:
+                outputs = (outputs, rest[0])
         new_self_cache = None
         if self_cache is not None:
             outputs, new_self_cache = outputs
@@ -187,20 +206,31 @@ class TransformerBlock(keras.layers.Layer):
             )
 
         outputs = self.feedforward_residual(outputs, training=training)
+        results = (outputs,) if scores is None else (outputs, scores)
         if cache is None:
-            return outputs
+            return results[0] if len(results) == 1 else results
         if self.cross_attention is None:
-            return outputs, new_self_cache
-        return outputs, (new_self_cache, new_cross_cache)
+            return results + (new_self_cache,)
+        return results + ((new_self_cache, new_cross_cache),)
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, *args, cache=None, **kwargs):
+    def compute_output_spec(self, inputs, *args, cache=None, return_attention_scores=False,
+                            **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        results = (outputs,)
+        if return_attention_scores:
+            self_cache = cache
+            if cache is not None and self.cross_attention is not None:
+                self_cache = cache[0]
+            mixer_spec = self.mixer.compute_output_spec(
+                inputs, cache=self_cache, return_attention_scores=True
+            )
+            results += (mixer_spec[1],)
         if cache is None:
-            return outputs
-        return outputs, _new_specs(cache)
+            return results[0] if len(results) == 1 else results
+        return results + (_new_specs(cache),)
 
     def get_config(self):
         config = super().get_config()

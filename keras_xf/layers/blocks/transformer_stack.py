@@ -1,11 +1,29 @@
-"""A stack of Transformer layers cloned from one template block (survey §2.1)."""
+"""A stack of Transformer layers cloned from one template block (survey §2.1, §5.4)."""
 
 import keras
 
+from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.blocks.transformer_block import _new_specs
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import serialize_layer
 from keras_xf.layers.residual.residual import make_normalization
+
+
+def _validate_sharing(share_attention_maps, template):
+    k = share_attention_maps
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(
+            "share_attention_maps must be an int >= 1 (1 = no sharing). Received: "
+            f"share_attention_maps={share_attention_maps}"
+        )
+    mixer = getattr(template, "mixer", None)
+    if k > 1 and not isinstance(mixer, MultiHeadAttention):
+        raise ValueError(
+            "share_attention_maps > 1 needs blocks whose mixer is a MultiHeadAttention (it "
+            "returns and accepts attention weights). Received: share_attention_maps="
+            f"{share_attention_maps} with mixer={type(mixer).__name__}"
+        )
+    return k
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -16,15 +34,24 @@ class TransformerStack(keras.layers.Layer):
     Pre-norm stacks end with a final normalisation (the residual path of a pre-norm layer is
     never normalised, survey §2.4); post-norm stacks do not need one.
 
+    Attention-map sharing (survey §5.4): with `share_attention_maps=k`, layers `0, k, 2k, …`
+    compute their attention weights `α^l = Softmax(Q^l K^lᵀ/√d + M)` and the next `k − 1`
+    layers reuse them, `C^{l+i} = Merge(α^l_h V^{l+i}_h) W^{l+i}_c`: they keep their own
+    values, output projections and feedforwards but compute no scores. Cached decoding works
+    as without sharing (the reused weights span the same cache positions).
+
     Args:
         block: a `TransformerBlock` (or any block with the same call) used as the template;
             the template itself is not used and holds no weights of the stack.
         num_layers: int, `L`.
         final_norm: bool; `None` means "yes for a pre-norm template, no otherwise".
+        share_attention_maps: int `k ≥ 1`, layers per group sharing one attention map
+            (1 = no sharing). `k > 1` needs a `MultiHeadAttention` mixer.
         **kwargs: base `Layer` arguments.
 
     Call arguments:
-        As `TransformerBlock`; `cache` is a tuple with one block cache per layer.
+        As `TransformerBlock` (`attention_bias` / `attention_multiplier` reach every layer's
+        mixer); `cache` is a tuple with one block cache per layer.
 
     Returns:
         `[B, T, d]`, or `(outputs, new_caches)` when a cache is given.
@@ -35,12 +62,13 @@ class TransformerStack(keras.layers.Layer):
     >>> y = stack(keras.random.normal((2, 5, 16)))
     """
 
-    def __init__(self, block, num_layers, final_norm=None, **kwargs):
+    def __init__(self, block, num_layers, final_norm=None, share_attention_maps=1, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"num_layers must be a positive int. Received: num_layers={num_layers}")
         self._block_config = serialize_layer(block)
         template = clone_layer(self._block_config)
+        self.share_attention_maps = _validate_sharing(share_attention_maps, template)
         self.num_layers = num_layers
         norm_placement = getattr(template, "norm_placement", "post")
         self.final_norm = norm_placement == "pre" if final_norm is None else bool(final_norm)
@@ -78,6 +106,8 @@ class TransformerStack(keras.layers.Layer):
         use_causal_mask=None,
         cache=None,
         cache_index=None,
+        attention_bias=None,
+        attention_multiplier=None,
         training=None,
     ):
         if cache is not None and len(cache) != self.num_layers:
@@ -87,7 +117,9 @@ class TransformerStack(keras.layers.Layer):
             )
         outputs = inputs
         new_caches = []
+        shared_weights = None
         for index, block in enumerate(self.blocks):
+            sharing = self._sharing_arguments(index, shared_weights)
             outputs = block(
                 outputs,
                 padding_mask=padding_mask,
@@ -97,8 +129,14 @@ class TransformerStack(keras.layers.Layer):
                 use_causal_mask=use_causal_mask,
                 cache=None if cache is None else cache[index],
                 cache_index=cache_index,
+                attention_bias=attention_bias,
+                attention_multiplier=attention_multiplier,
                 training=training,
+                **sharing,
             )
+            if sharing.get("return_attention_scores"):
+                outputs, shared_weights, *rest = outputs
+                outputs = (outputs, *rest) if rest else outputs
             if cache is not None:
                 outputs, layer_cache = outputs
                 new_caches.append(layer_cache)
@@ -107,6 +145,18 @@ class TransformerStack(keras.layers.Layer):
         if cache is None:
             return outputs
         return outputs, tuple(new_caches)
+
+    def _sharing_arguments(self, index, shared_weights):
+        """Layer `index` returns its weights when it starts a sharing group that has later
+        members, and uses `shared_weights` when it does not start one."""
+        k = self.share_attention_maps
+        if k == 1:
+            return {}
+        if index % k:
+            return {"attention_weights": shared_weights}
+        if index + 1 < self.num_layers:
+            return {"return_attention_scores": True}
+        return {}
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
@@ -120,6 +170,11 @@ class TransformerStack(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            {"block": self._block_config, "num_layers": self.num_layers, "final_norm": self.final_norm}
+            {
+                "block": self._block_config,
+                "num_layers": self.num_layers,
+                "final_norm": self.final_norm,
+                "share_attention_maps": self.share_attention_maps,
+            }
         )
         return config

@@ -50,7 +50,8 @@ class Residual(keras.layers.Layer):
     Call arguments:
         inputs: `[B, T, d]`.
         context: optional second input of `F` (the encoder outputs of cross-attention).
-        padding_mask, attention_mask, use_causal_mask, cache, cache_index: passed to `F`
+        padding_mask, attention_mask, use_causal_mask, cache, cache_index, attention_bias,
+            attention_multiplier, attention_weights, return_attention_scores: passed to `F`
             when given.
         training: bool.
 
@@ -101,6 +102,10 @@ class Residual(keras.layers.Layer):
         use_causal_mask=None,
         cache=None,
         cache_index=None,
+        attention_bias=None,
+        attention_multiplier=None,
+        attention_weights=None,
+        return_attention_scores=None,
         training=None,
     ):
         hidden = self.norm(inputs) if self.norm_placement == "pre" else inputs
@@ -111,6 +116,10 @@ class Residual(keras.layers.Layer):
             "use_causal_mask": use_causal_mask,
             "cache": cache,
             "cache_index": cache_index,
+            "attention_bias": attention_bias,
+            "attention_multiplier": attention_multiplier,
+            "attention_weights": attention_weights,
+            "return_attention_scores": return_attention_scores or None,
         }
         kwargs = {key: value for key, value in kwargs.items() if value is not None}
         outputs = self.layer(hidden, *args, training=training, **kwargs)
@@ -127,6 +136,11 @@ class Residual(keras.layers.Layer):
 
     def compute_output_spec(self, inputs, context=None, cache=None, **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if kwargs.get("return_attention_scores"):
+            args = () if context is None else (context,)
+            return (outputs,) + tuple(
+                self.layer.compute_output_spec(inputs, *args, cache=cache, **kwargs)[1:]
+            )
         if cache is None:
             return outputs
         return outputs, keras.KerasTensor(cache.shape, dtype=cache.dtype)
