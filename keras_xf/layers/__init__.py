@@ -2,6 +2,9 @@
 
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
+from keras_xf.layers.attention.patterns.chunked_pattern import ChunkedPattern
+from keras_xf.layers.attention.patterns.local_pattern import LocalPattern
+from keras_xf.layers.attention.patterns.strided_pattern import StridedPattern
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.learned_position_embedding import LearnedPositionEmbedding
