@@ -91,14 +91,13 @@ def test_invalid_arguments(make, message):
         make()
 
 
-def _reference(layer, x, field, padding=None, causal=False, rotary=False):
+def _reference(layer, x, field, padding=None, causal=False):
     w = {name: checks.to_numpy(dense.kernel).astype("float64") for name, dense in
          (("wq", layer.query_dense), ("wk", layer.key_dense), ("wv", layer.value_dense),
           ("wo", layer.output_dense))}
     w.update({name: checks.to_numpy(dense.bias).astype("float64") for name, dense in
               (("bq", layer.query_dense), ("bk", layer.key_dense), ("bv", layer.value_dense),
                ("bo", layer.output_dense))})
-    assert not rotary
     mask = field[None, None]
     if causal:
         mask = mask & ref_attention.causal_mask(x.shape[1])[None, None]
@@ -166,22 +165,22 @@ def test_rolling_cache_decoding_equals_full_causal_pass(rng, name):
                                atol=1e-5)
     slots = layer.pattern.cache_slots
     assert tuple(dense.init_cache(B, T).shape) == (B, 2, T, 2, 4)
-    for prompt in (1, 6):  # one token, or a prompt longer than the cache
-        cache = layer.init_cache(B, T)
+    prompt = 6  # a prompt longer than the cache, then one token at a time
+    cache = layer.init_cache(B, T)
+    assert tuple(cache.shape) == (B, 2, slots, 2, 4)
+    out, cache = layer(x[:, :prompt], use_causal_mask=True, cache=cache, cache_index=0)
+    outputs = [checks.to_numpy(out)]
+    # Repeating the latest position (as the generation loop does) changes nothing.
+    again, cache = layer(x[:, prompt - 1 : prompt], use_causal_mask=True, cache=cache,
+                         cache_index=prompt - 1)
+    np.testing.assert_allclose(checks.to_numpy(again)[:, 0], outputs[0][:, -1], atol=1e-5)
+    for index in range(prompt, T):
+        out, cache = layer(x[:, index : index + 1], use_causal_mask=True, cache=cache,
+                           cache_index=index)
         assert tuple(cache.shape) == (B, 2, slots, 2, 4)
-        out, cache = layer(x[:, :prompt], use_causal_mask=True, cache=cache, cache_index=0)
-        outputs = [checks.to_numpy(out)]
-        # Repeating the latest position (as the generation loop does) changes nothing.
-        again, cache = layer(x[:, prompt - 1 : prompt], use_causal_mask=True, cache=cache,
-                             cache_index=prompt - 1)
-        np.testing.assert_allclose(checks.to_numpy(again)[:, 0], outputs[0][:, -1], atol=1e-5)
-        for index in range(prompt, T):
-            out, cache = layer(x[:, index : index + 1], use_causal_mask=True, cache=cache,
-                               cache_index=index)
-            assert tuple(cache.shape) == (B, 2, slots, 2, 4)
-            outputs.append(checks.to_numpy(out))
-        np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=1e-5,
-                                   rtol=1e-5)
+        outputs.append(checks.to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=1e-5,
+                               rtol=1e-5)
     # A short generation gets a plain cache of its length.
     assert tuple(layer.init_cache(B, 2).shape) == (B, 2, 2, 2, 4)
 
