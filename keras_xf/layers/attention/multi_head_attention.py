@@ -10,8 +10,8 @@ from keras_xf.ops.attention import attend
 from keras_xf.ops.attention import attention_scores
 from keras_xf.ops.attention import masked_softmax
 from keras_xf.ops.attention import scaled_dot_product_attention
+from keras_xf.ops.block_sparse_attention import block_sparse_attention
 from keras_xf.ops.cache import update_cache
-from keras_xf.ops.masks import causal_mask
 from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.masks import merge_masks
 
@@ -53,6 +53,13 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
     - `pattern(query_positions, key_positions)`, a boolean mask broadcastable to `[B, H, T, S]`
       (an `AttentionPattern`; one with `uses_states = True` also gets `query=q, key=k`, and
       one with `supports_decoding = False` refuses `cache_index`).
+
+    Banded patterns (`LocalPattern`, `ChunkedPattern`, `StridedPattern`, survey §5.1) run
+    block-sparsely (`keras_xf.ops.block_sparse_attention`, memory O(n·w)) in self-attention
+    without multiplier, biases, attention_mask, cache or returned weights (otherwise the dense
+    masked path gives the same numbers), and their `cache_slots` make `init_cache` allocate a
+    rolling cache: slot `p mod slots` holds position `p`, keys are masked by their absolute
+    positions, and each call must write the next position (or repeat the latest one).
 
     Args:
         num_heads: int, query heads `τ`.
@@ -236,11 +243,13 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
 
     def init_cache(self, batch_size, max_length, dtype=None):
         """A zero cache `[batch_size, 2, max_length, num_key_value_heads, width]`, `width` =
-        `max(qk_dim, head_dim)` (keys and values zero-padded to it; `head_dim` by default)."""
+        `max(qk_dim, head_dim)` (keys and values zero-padded to it; `head_dim` by default);
+        with a pattern that has `cache_slots`, `min(max_length, cache_slots)` rolling slots."""
         if self.head_dim is None:
             raise ValueError(
                 "init_cache needs head_dim: pass head_dim to MultiHeadAttention or build it first."
             )
+        max_length = self._cache_length(max_length)
         shape = (batch_size, 2, max_length, self.num_key_value_heads, self._cache_width())
         return ops.zeros(shape, dtype=dtype or self.compute_dtype)
 
@@ -296,9 +305,19 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
             else:
                 q, k = self.position.rotate(q, k, query_positions, key_positions)
 
+        if self._block_sparse_applies(q, value, key, attention_mask, cache, cache_index,
+                                      return_attention_scores) and (
+            attention_bias is None and attention_multiplier is None
+            and attention_weights is None and not self._needs_explicit_path(None)
+        ):
+            return self._project(self.output_dense, self._block_sparse(q, k, v, padding_mask,
+                                                                        causal, training))
         valid_keys = None
         new_cache = None
-        if cache is not None and cache_index is not None:
+        if self._is_rolling(cache, cache_index, value):
+            new_cache, k, v, key_positions, valid_keys = self._rolling_cache_update(
+                cache, k, v, offset, padding_mask, attention_mask)
+        elif cache is not None and cache_index is not None:
             update = self._cache_entry(k, v)
             new_cache = update_cache(cache, ops.cast(update, cache.dtype), offset)
             k, v = self._read_cache(new_cache)
@@ -307,11 +326,10 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         elif cache is not None:
             new_cache = cache if reuse_cache else ops.cast(self._cache_entry(k, v), cache.dtype)
 
-        key_length = ops.shape(k)[1]
         mask = merge_masks(
             None if padding_mask is None else key_padding_to_attention_mask(padding_mask),
             attention_mask,
-            causal_mask(query_length, key_length, offset) if causal else None,
+            self._causal_mask(query_positions, key_positions) if causal else None,
             valid_keys,
             self._pattern_mask(q, k, query_positions, key_positions, cache_index),
         )
@@ -392,6 +410,108 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         if getattr(self.pattern, "uses_states", False):
             return self.pattern(query_positions, key_positions, query=q, key=k)
         return self.pattern(query_positions, key_positions)
+
+    def _causal_mask(self, query_positions, key_positions):
+        """`j ≤ i` by absolute positions (keys of a rolling cache are not in position order)."""
+        return ops.greater_equal(query_positions[:, None], key_positions[None, :])
+
+    # Block-sparse attention and the rolling cache of banded patterns (survey §5.1) --------
+    def _block_sparse_applies(self, q, value, key, attention_mask, cache, cache_index,
+                              return_attention_scores):
+        """Whether self-attention with `pattern` runs block-sparsely: the pattern offers it
+        (`block_sparse` and `block_layout`), the length is static, and nothing needs dense
+        scores (no multiplier, no additive biases, no weights returned, no attention_mask, no
+        cache). Otherwise the dense masked path computes the same numbers."""
+        pattern = self.pattern
+        return bool(
+            getattr(pattern, "block_sparse", False)
+            and hasattr(pattern, "block_layout")
+            and not getattr(pattern, "uses_states", False)
+            and value is None
+            and key is None
+            and attention_mask is None
+            and cache is None
+            and cache_index is None
+            and not return_attention_scores
+            and self.multiplier is None
+            and not self.biases
+            and isinstance(q.shape[1], int)
+        )
+
+    def _block_sparse(self, q, k, v, padding_mask, causal, training):
+        block_size, offsets = self.pattern.block_layout(q.shape[1])
+        return block_sparse_attention(
+            q,
+            k,
+            v,
+            field=self.pattern.field,
+            block_size=block_size,
+            block_offsets=offsets,
+            padding_mask=padding_mask,
+            causal=causal,
+            scale=self.scale,
+            dropout_rate=self.dropout,
+            training=bool(training) and self.dropout > 0,
+            seed_generator=self.seed_generator,
+        )
+
+    def _cache_length(self, max_length):
+        """`max_length`, or the pattern's `cache_slots` when fewer (a rolling cache)."""
+        slots = getattr(self.pattern, "cache_slots", None)
+        return max_length if slots is None else min(max_length, slots)
+
+    def _is_rolling(self, cache, cache_index, value):
+        """A self-attention cache of exactly the pattern's `cache_slots` slots is rolling."""
+        slots = getattr(self.pattern, "cache_slots", None)
+        return (
+            slots is not None
+            and cache is not None
+            and cache_index is not None
+            and value is None
+            and cache.shape[2] == slots
+        )
+
+    def _rolling_cache_update(self, cache, k, v, offset, padding_mask, attention_mask):
+        """Writes `t` new keys/values into a rolling cache (slot `p mod slots` holds position
+        `p`) and returns `(new_cache, keys, values, key_positions, valid_keys)` to attend to.
+
+        One token is written first with `update_cache` (a `slice_update` at `offset mod
+        slots`), then the query attends to the slots, each at its absolute position. Several
+        tokens (a prompt) attend to the old slots followed by the new keys, and the newest
+        token of each slot is written afterwards. Writes must come in order (each call at the
+        next position, or repeating the latest one), as `generate` does.
+        """
+        if padding_mask is not None or attention_mask is not None:
+            raise ValueError(
+                "A rolling cache holds keys by position modulo its size: padding_mask and "
+                "attention_mask cannot index it. Received: padding_mask="
+                f"{padding_mask is not None}, attention_mask={attention_mask is not None}"
+            )
+        slots = cache.shape[2]
+        length = k.shape[1]
+        update = ops.cast(self._cache_entry(k, v), cache.dtype)
+        slot_ids = ops.arange(slots, dtype="int32")
+        end = offset + ops.shape(k)[1]
+        if length == 1:
+            new_cache = update_cache(cache, update, ops.mod(offset, slots))
+            keys = new_cache
+            key_positions = offset - ops.mod(offset - slot_ids + slots, slots)
+        else:
+            last = end - 1
+            newest = last - ops.mod(last - slot_ids + slots, slots)
+            index = ops.clip(newest - offset, 0, ops.shape(k)[1] - 1)
+            new_cache = ops.where(
+                (newest >= offset)[None, None, :, None, None],
+                ops.take(update, index, axis=2),
+                cache,
+            )
+            keys = ops.concatenate([cache, update], axis=2)
+            old_positions = offset - 1 - ops.mod(offset - 1 - slot_ids + slots, slots)
+            key_positions = ops.concatenate(
+                [old_positions, ops.arange(ops.shape(k)[1], dtype="int32") + offset]
+            )
+        valid_keys = ops.logical_and(key_positions >= 0, key_positions < end)[None, :]
+        return (new_cache,) + self._read_cache(keys) + (key_positions, valid_keys)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
