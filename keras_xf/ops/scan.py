@@ -56,8 +56,35 @@ def _combine(left, right):
     return a1 * a2, a2 * b1 + b2
 
 
+def _time_loop(step, init, xs):
+    """`keras.ops.scan` over the leading (time) axis of `xs`, returning `(carry, ys)` with `ys`
+    shaped like `xs[1]`.
+
+    On TensorFlow the loop is a `while_loop` with `maximum_iterations` writing into a buffer:
+    Keras's TensorFlow `scan` has no iteration bound, and XLA cannot differentiate an
+    unbounded loop. JAX (`lax.scan`) and PyTorch (a Python loop) use `keras.ops.scan`.
+    """
+    if keras.config.backend() != "tensorflow":
+        return ops.scan(step, init, xs)
+    length = xs[0].shape[0]
+
+    def body(index, carry, buffer):
+        carry, y = step(carry, tuple(ops.take(x, index, axis=0) for x in xs))
+        # A scatter (differentiable in TensorFlow, unlike its dynamic update slice).
+        indices = ops.reshape(index, (1, 1))
+        return index + 1, carry, ops.scatter_update(buffer, indices, ops.expand_dims(y, 0))
+
+    _, carry, ys = ops.while_loop(
+        lambda index, carry, buffer: index < length,
+        body,
+        (ops.convert_to_tensor(0, "int32"), init, ops.zeros_like(xs[1])),
+        maximum_iterations=length,
+    )
+    return carry, ys
+
+
 def _sequential(a, b, initial_state):
-    """Loop over time with `keras.ops.scan` (time moved to the leading axis)."""
+    """Loop over time (moved to the leading axis)."""
     perm = [1, 0] + list(range(2, len(b.shape)))
     a_t = ops.transpose(a, perm)
     b_t = ops.transpose(b, perm)
@@ -68,7 +95,7 @@ def _sequential(a, b, initial_state):
         state = a_step * state + b_step
         return state, state
 
-    _, states = ops.scan(step, init, (a_t, b_t))
+    _, states = _time_loop(step, init, (a_t, b_t))
     return ops.transpose(states, perm)
 
 
@@ -77,8 +104,9 @@ def _prefix_scan(a, b):
 
     The odd/even recursion of Blelloch (as in `jax.lax.associative_scan`): combine neighbouring
     pairs, scan the half-length sequence, then fill in the even positions; `O(T)` work and
-    `O(log T)` depth. It is written with strided slices so that every backend sees static
-    shapes (Keras's TensorFlow `associative_scan` does not compile under XLA).
+    `O(log T)` depth. Pairs are formed by reshaping (an odd length gets one identity step,
+    `a = 1, b = 0`), so that every backend sees static shapes and plain slices (Keras's
+    TensorFlow `associative_scan` does not compile under XLA).
     """
     length = b.shape[1]
     if length is None:
@@ -86,24 +114,30 @@ def _prefix_scan(a, b):
             "The associative scan needs a static sequence length. Received: b.shape="
             f"{b.shape}; use method='sequential' for a dynamic length"
         )
+    length = int(length)  # an int also while PyTorch traces (a shape tensor there)
     if length < 2:
         return a, b
-    half = length // 2
-    a_even, b_even = a[:, 0 : 2 * half : 2], b[:, 0 : 2 * half : 2]
-    a_odd, b_odd = a[:, 1 : 2 * half : 2], b[:, 1 : 2 * half : 2]
+    tail = list(b.shape[2:])
+    even_length = length + length % 2
+    if length % 2:
+        a = ops.concatenate([a, ops.ones_like(a[:, :1])], axis=1)
+        b = ops.concatenate([b, ops.zeros_like(b[:, :1])], axis=1)
+    half = even_length // 2
+    pairs_a = ops.reshape(a, [-1, half, 2] + tail)
+    pairs_b = ops.reshape(b, [-1, half, 2] + tail)
+    a_even, a_odd = pairs_a[:, :, 0], pairs_a[:, :, 1]
+    b_even, b_odd = pairs_b[:, :, 0], pairs_b[:, :, 1]
     # Prefixes ending at the odd positions 1, 3, 5, ...
     odd_a, odd_b = _prefix_scan(*_combine((a_even, b_even), (a_odd, b_odd)))
-    # Prefixes ending at the even positions 2, 4, ...: the previous odd prefix, then the element.
-    rest = (length - 1) // 2
-    even_a, even_b = _combine((odd_a[:, :rest], odd_b[:, :rest]), (a[:, 2::2], b[:, 2::2]))
-    even_a = ops.concatenate([a[:, :1], even_a], axis=1)
-    even_b = ops.concatenate([b[:, :1], even_b], axis=1)
-    tail = list(b.shape[2:])
+    # Prefixes ending at the even positions 0, 2, 4, ...: the previous odd prefix (the
+    # identity before position 0), then the element.
+    previous_a = ops.concatenate([ops.ones_like(odd_a[:, :1]), odd_a[:, :-1]], axis=1)
+    previous_b = ops.concatenate([ops.zeros_like(odd_b[:, :1]), odd_b[:, :-1]], axis=1)
+    even_a, even_b = _combine((previous_a, previous_b), (a_even, b_even))
 
     def interleave(even, odd):
-        pairs = ops.stack([even[:, :half], odd], axis=2)
-        merged = ops.reshape(pairs, [-1, 2 * half] + tail)
-        return ops.concatenate([merged, even[:, half:]], axis=1) if length % 2 else merged
+        merged = ops.reshape(ops.stack([even, odd], axis=2), [-1, even_length] + tail)
+        return merged[:, :length] if length % 2 else merged
 
     return interleave(even_a, odd_a), interleave(even_b, odd_b)
 
@@ -121,6 +155,7 @@ def _chunked(a, b, initial_state, chunk_size):
             "chunked_scan needs a static sequence length. Received: b.shape="
             f"{b.shape}; use method='sequential' for a dynamic length"
         )
+    length = int(length)
     num_chunks = -(-length // chunk_size)
     pad = num_chunks * chunk_size - length
     if pad:
@@ -150,7 +185,7 @@ def _chunked(a, b, initial_state, chunk_size):
         a_step, b_step = inputs
         return a_step * state + b_step, state  # emit the state *entering* the chunk
 
-    _, entering = ops.scan(step, init, (a_last, z_last))
+    _, entering = _time_loop(step, init, (a_last, z_last))
     entering = ops.expand_dims(ops.transpose(entering, perm), 2)  # [B, C, 1, ...]
     z = z_local + a_prefix * entering
     z = ops.reshape(z, [-1, num_chunks * chunk_size] + tail)

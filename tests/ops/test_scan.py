@@ -86,17 +86,24 @@ def test_bfloat16_inputs_accumulate_in_float32(rng, method):
 
 @checks.xla_only
 @pytest.mark.parametrize("method", ["sequential", "associative", "chunked"])
-def test_compiles_under_xla(rng, method):
+def test_compiles_and_differentiates_under_xla(rng, method):
     a, b, z0 = _inputs(rng)
 
     class Recurrence(keras.layers.Layer):
+        def build(self, *shapes):
+            self.scale = self.add_weight(shape=(), initializer="ones", name="scale")
+
         def call(self, a, b, z0):
-            return linear_recurrence(a, b, initial_state=z0, method=method, chunk_size=4)
+            return linear_recurrence(a * self.scale, b, initial_state=z0, method=method,
+                                     chunk_size=4)
 
     model = checks.wrap_in_model(Recurrence(), [a, b, z0])
-    model.compile(jit_compile=True)
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
     z = model.predict([a, b, z0], verbose=0)
     np.testing.assert_allclose(z, reference.linear_recurrence(a, b, z0), rtol=1e-5, atol=1e-5)
+    before = float(checks.to_numpy(model.weights[0]))
+    model.fit([a, b, z0], np.zeros_like(b), epochs=1, batch_size=2, verbose=0)
+    assert float(checks.to_numpy(model.weights[0])) != before
 
 
 def test_bad_arguments_raise():

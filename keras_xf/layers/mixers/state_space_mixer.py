@@ -321,9 +321,12 @@ class StateSpaceMixer(keras.layers.Layer):
     def _time_invariant(self, x, cache):
         """Convolution with `K_t = Re(Σ_n C_n B̄_n Ā_nᵗ)` by FFT, plus the decayed initial
         state when a cache is given."""
-        length = x.shape[1]
-        if length is None:
-            length = ops.shape(x)[1]
+        if x.shape[1] is None:
+            raise ValueError(
+                "The time-invariant StateSpaceMixer convolves by FFT and needs a static "
+                f"sequence length. Received: inputs.shape={x.shape}"
+            )
+        length = int(x.shape[1])
         a_bar, b_bar = self._discretized()
         c_re, c_im = self._weight(self.c_real), self._weight(self.c_imag)
         if c_im is None:
@@ -413,7 +416,7 @@ def _inverse_softplus_dt(log_min, log_max):
 def _causal_fft_convolution(x, kernel):
     """`y_t = Σ_{i≤t} K_{t−i} s_i` per channel, by FFT over `2T` points. x `[B, T, d]`,
     kernel `[T, d]`."""
-    length = x.shape[1]
+    length = int(x.shape[1])  # an int also while PyTorch traces (a shape tensor there)
     fft_length = 1 << max(1, (2 * length - 1).bit_length())
     signal = ops.transpose(x, (0, 2, 1))  # [B, d, T]
     filt = ops.transpose(kernel, (1, 0))  # [d, T]

@@ -140,7 +140,7 @@ def test_padding_keeps_padded_inputs_out_of_the_state(rng, selective):
 def _ssm_lm(selective=False):
     mixer = StateSpaceMixer(STATE, selective=selective, chunk_size=4)
     block = TransformerBlock(mixer=mixer, feedforward=FeedForward(32), norm_placement="pre")
-    return causal_lm(block=block, position="none")
+    return causal_lm(num_layers=1, block=block, position="none")
 
 
 @pytest.mark.parametrize("selective", [False, True])
