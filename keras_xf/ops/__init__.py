@@ -1,4 +1,4 @@
-"""Pure functions over `keras.ops`: attention, masks and positions. No state, no layers."""
+"""Pure functions over `keras.ops`: attention, masks, positions and linear recurrences."""
 
 from keras_xf.ops.attention import attend
 from keras_xf.ops.attention import attention_scores
@@ -20,3 +20,7 @@ from keras_xf.ops.positions import relative_position_buckets
 from keras_xf.ops.positions import rotary_angles
 from keras_xf.ops.positions import sinusoid_inverse_frequencies
 from keras_xf.ops.positions import sinusoid_table
+from keras_xf.ops.scan import associative_scan
+from keras_xf.ops.scan import chunked_scan
+from keras_xf.ops.scan import linear_recurrence
+from keras_xf.ops.scan import sequential_scan

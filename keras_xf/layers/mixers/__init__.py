@@ -1,0 +1,1 @@
+from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
