@@ -12,4 +12,5 @@ from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
 from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.layers.mixers.linear_attention import LinearAttention
 from keras_xf.layers.residual.residual import Residual

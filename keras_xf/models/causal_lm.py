@@ -126,10 +126,12 @@ class CausalLM(FunctionalModel):
         """A compilable generation of a packed batch (prompts left-aligned, `padding_mask`
         marking them); returns `(token_ids, padding_mask)`.
 
-        With the cache, one parallel pass fills the cache with the first `prefill_length`
-        tokens (an int no larger than the shortest prompt; by default the whole width, as
-        keras-hub does), then the loop decodes one token per step from there, keeping prompt
-        tokens where `padding_mask` is set. Without the cache, every step runs the full causal
+        With the cache, one parallel pass fills the cache with the first `prefill_length − 1`
+        tokens (`prefill_length` an int no larger than the shortest prompt), then the loop
+        decodes one token per step from there, keeping prompt tokens where `padding_mask` is
+        set. By default (`prefill_length=None`) the pass fills the whole width, as keras-hub
+        does; that suits attention caches only (the loop writes the positions again), not the
+        recurrent states of linear-time mixers. Without the cache, every step runs the full causal
         forward pass over the whole (fixed-shape) sequence.
         """
         sampler = sampler or self.sampler
@@ -142,10 +144,18 @@ class CausalLM(FunctionalModel):
             if prefill_length is None:
                 hidden, cache = self._cached_hidden(token_ids, cache, 0)
             else:
-                prefix = ops.slice(token_ids, (0, 0), (batch_size, prefill_length))
-                hidden, cache = self._cached_hidden(prefix, cache, 0)
-                # Samplers that read hidden states expect one per output position.
-                hidden = ops.pad(hidden, ((0, 0), (0, max_length - prefill_length), (0, 0)))
+                # The loop's first step feeds the token at `prefill_length - 1`, so the
+                # parallel pass fills the positions before it: each position enters the cache
+                # once, as a recurrent state (linear attention, state-space mixers) needs.
+                filled = prefill_length - 1
+                if filled:
+                    prefix = ops.slice(token_ids, (0, 0), (batch_size, filled))
+                    hidden, cache = self._cached_hidden(prefix, cache, 0)
+                    # Samplers that read hidden states expect one per output position.
+                    hidden = ops.pad(hidden, ((0, 0), (0, max_length - filled), (0, 0)))
+                else:
+                    hidden = ops.zeros((batch_size, max_length, self.backbone.hidden_dim),
+                                       self.backbone.compute_dtype)
                 index = prefill_length
             traced_body = getattr(sampler, "traces_loop_body", False)
             next_logits = self._decode_step if traced_body else self._traced_decode_step

@@ -1,0 +1,3 @@
+"""Sequence mixers that replace attention (linear attention, SSMs, convolutions, recurrent)."""
+
+from keras_xf.layers.mixers.linear_attention import LinearAttention
