@@ -6,7 +6,8 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
-from keras_xf.ops.scan import linear_recurrence
+from keras_xf.ops.linear_attention import causal_linear_attention
+from keras_xf.ops.linear_attention import linear_attention
 
 FEATURE_MAPS = ("elu", "relu", "random_features", "identity")
 DECAY_MODES = ("learned", "gated")
@@ -50,7 +51,8 @@ class LinearAttention(keras.layers.Layer):
 
     The causal form is computed chunk-parallel: inside a chunk of `chunk_size` positions a
     masked quadratic form, across chunks the carried state `(μ, ν)` (a running sum, or the
-    linear recurrence of `keras_xf.ops.scan` when there is a decay). The state is the cache:
+    linear recurrence of `keras_xf.ops.scan` when there is a decay; for a sequence length
+    unknown when tracing, a masked sum over chunk pairs). The state is the cache:
     decoding one token updates `(μ, ν)` in `O(m·d_h)` per head, independent of the context
     length. States and sums are accumulated in float32 under mixed precision; the denominator
     is `max(q′ν, ε)`, so rows without any valid key give zeros.
@@ -302,75 +304,6 @@ class LinearAttention(keras.layers.Layer):
         # log σ(θ) = −softplus(−θ), 1 − σ(θ) = σ(−θ): stable for large |θ|.
         return -ops.softplus(-logit), ops.sigmoid(-logit)
 
-    def _non_causal(self, qf, kf, values):
-        summary = ops.einsum("bthm,bthe->bhme", kf, values)  # [μ_n | ν_n]
-        return ops.einsum("bthm,bhme->bthe", qf, summary)
-
-    def _causal(self, qf, kf, values, log_decay, scale, state):
-        """`q′_j [μ_j | ν_j]` for every position, and the last state; chunk-parallel."""
-        batch, length = ops.shape(qf)[0], qf.shape[1]
-        if length is None:  # a dynamic length (relaxed TensorFlow traces): pad to chunks
-            chunk = self.chunk_size
-            valid = ops.shape(qf)[1]
-            pad = (chunk - valid % chunk) % chunk
-        else:
-            chunk = min(self.chunk_size, length)
-            valid, pad = length, -length % chunk
-        if scale is not None:
-            kf = kf * scale[..., None]
-
-        def padded(t):
-            if length is not None and not pad:
-                return t
-            zeros = ops.zeros((batch, pad) + tuple(t.shape[2:]), t.dtype)
-            return ops.concatenate([t, zeros], axis=1)
-
-        qf, kf, values = padded(qf), padded(kf), padded(values)
-        if log_decay is not None:
-            log_decay = padded(log_decay)
-
-        def chunked(t):
-            return ops.reshape(t, (batch, -1, chunk) + tuple(t.shape[2:]))
-
-        qf, kf, values = chunked(qf), chunked(kf), chunked(values)
-        positions = ops.arange(chunk)
-        causal = ops.greater_equal(positions[:, None], positions[None, :])
-        scores = ops.einsum("bnihm,bnjhm->bnhij", qf, kf)
-        if log_decay is None:
-            scores = ops.where(causal, scores, 0.0)
-            inner = ops.einsum("bnhij,bnjhe->bnihe", scores, values)
-            summaries = ops.einsum("bnjhm,bnjhe->bnhme", kf, values)
-            ends = ops.cumsum(summaries, axis=1)
-            if state is not None:
-                ends = ends + state[:, None]
-            first = ops.zeros_like(ends[:, :1]) if state is None else state[:, None]
-            starts = ops.concatenate([first, ends[:, :-1]], axis=1)
-            outer = ops.einsum("bnihm,bnhme->bnihe", qf, starts)
-            return self._merge_chunks(inner + outer, valid), ends[:, -1]
-
-        # L_i = Σ_{t ≤ i} log a_t inside each chunk; a_{j+1} ⋯ a_i = exp(L_i − L_j).
-        cumulative = ops.cumsum(chunked(log_decay), axis=2)  # [B, N, c, H]
-        levels = ops.transpose(cumulative, (0, 1, 3, 2))  # [B, N, H, c]
-        gaps = levels[..., :, None] - levels[..., None, :]
-        decays = ops.where(causal, ops.exp(ops.where(causal, gaps, 0.0)), 0.0)
-        inner = ops.einsum("bnhij,bnjhe->bnihe", scores * decays, values)
-        last = cumulative[:, :, -1]  # [B, N, H]
-        to_end = ops.exp(last[:, :, None] - cumulative)  # [B, N, c, H]
-        summaries = ops.einsum("bnjhm,bnjhe->bnhme", kf * to_end[..., None], values)
-        chunk_decay = ops.exp(last)[..., None, None]
-        method = "sequential" if length is None else "associative"
-        ends = linear_recurrence(chunk_decay, summaries, initial_state=state, method=method)
-        first = ops.zeros_like(ends[:, :1]) if state is None else state[:, None]
-        starts = ops.concatenate([first, ends[:, :-1]], axis=1)
-        outer = ops.einsum("bnihm,bnhme->bnihe", qf * ops.exp(cumulative)[..., None], starts)
-        return self._merge_chunks(inner + outer, valid), ends[:, -1]
-
-    def _merge_chunks(self, outputs, length):
-        """`[B, N, c, H, e]` back to `[B, T, H, e]`, without the padding."""
-        shape = ops.shape(outputs)
-        merged = ops.reshape(outputs, (shape[0], -1) + tuple(outputs.shape[3:]))
-        return merged[:, :length]
-
     def call(
         self,
         inputs,
@@ -441,11 +374,13 @@ class LinearAttention(keras.layers.Layer):
                 state = ops.concatenate(
                     [ops.cast(mu, "float32"), ops.cast(nu, "float32")[..., None]], axis=-1
                 )
-            mixed, last = self._causal(qf, kf, values, log_decay, scale, state)
+            mixed, last = causal_linear_attention(
+                qf, kf, values, log_decay, scale, state, chunk_size=self.chunk_size
+            )
             if cache is not None:
                 new_cache = (last[..., :-1], last[..., -1])
         else:
-            mixed = self._non_causal(qf, kf, values)
+            mixed = linear_attention(qf, kf, values)
         numerator, denominator = mixed[..., :-1], mixed[..., -1:]
         if self.normalize:
             outputs = numerator / ops.maximum(denominator, self.epsilon)

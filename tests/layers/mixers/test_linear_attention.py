@@ -8,6 +8,7 @@ import pytest
 from keras_xf.layers import FeedForward
 from keras_xf.layers import LinearAttention
 from keras_xf.layers import TransformerBlock
+from keras_xf.ops import causal_linear_attention
 from tests import layer_checks as checks
 from tests.models.tiny import FFN
 from tests.models.tiny import causal_lm
@@ -102,6 +103,24 @@ def test_chunk_parallel_equals_recurrent(rng, decay):
     assert [keras.backend.standardize_dtype(s.dtype) for s in state] == ["float32"] * 2
     np.testing.assert_allclose(_np(state[0]), mu, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(_np(state[1]), nu, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 64])
+def test_causal_op_from_a_state_matches_the_recurrence(rng, chunk_size):
+    """`ops.causal_linear_attention` with decay, input scale and an initial state, for chunks
+    smaller than, not dividing, and larger than the length."""
+    qf, kf = (np.abs(rng.normal(size=(B, T, H, 3))).astype("float32") for _ in range(2))
+    v = rng.normal(size=(B, T, H, 4)).astype("float32")
+    a = rng.uniform(0.5, 1.0, size=(B, T, H)).astype("float32")
+    mu0, nu0 = np.abs(rng.normal(size=(B, H, 3, 4))), np.abs(rng.normal(size=(B, H, 3)))
+    values = np.concatenate([v, np.ones_like(v[..., :1])], axis=-1)
+    state = np.concatenate([mu0, nu0[..., None]], axis=-1).astype("float32")
+    mixed, last = causal_linear_attention(qf, kf, values, np.log(a), 1.0 - a, state, chunk_size)
+    expected, (mu, nu) = ref.linear_attention(qf, kf, v, True, decay=a, state=(mu0, nu0))
+    mixed = _np(mixed)
+    np.testing.assert_allclose(mixed[..., :-1] / mixed[..., -1:], expected, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(_np(last), np.concatenate([mu, nu[..., None]], -1), atol=1e-5,
+                               rtol=1e-5)
 
 
 def test_fully_padded_rows_give_zeros_not_nan(rng):
@@ -206,6 +225,26 @@ def test_jit_compile_and_redraw_in_compiled_steps(rng):
     first = _np(layer.projection).copy()
     model.fit(inputs, np.zeros((B, T, D)), epochs=1, batch_size=B, verbose=0)
     assert not np.allclose(first, _np(layer.projection)), "no redraw in the compiled step"
+
+
+@pytest.mark.skipif(checks.BACKEND != "tensorflow",
+                    reason="only TensorFlow traces functions with an unknown sequence length")
+@pytest.mark.parametrize("decay", [None, "gated"])
+def test_unknown_length_in_a_tensorflow_trace(rng, decay):
+    import tensorflow as tf
+
+    x = _inputs(rng)
+    layer = LinearAttention(H, decay=decay, causal=True, chunk_size=3)
+    layer.build(x.shape)
+    state = layer.init_cache(B, T)
+    _, state = layer(x[:, :2], cache=state, cache_index=0)
+    expected, expected_state = layer(x[:, 2:], cache=state, cache_index=2)
+    spec = tf.TensorSpec([None, None, D])
+    traced = tf.function(lambda t, mu, nu: layer(t, cache=(mu, nu), cache_index=2),
+                         input_signature=[spec, tf.TensorSpec(None), tf.TensorSpec(None)])
+    actual, actual_state = traced(x[:, 2:], *state)
+    np.testing.assert_allclose(_np(actual), _np(expected), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(_np(actual_state[0]), _np(expected_state[0]), atol=1e-5, rtol=1e-5)
 
 
 def _lm(**mixer):
