@@ -126,12 +126,12 @@ class CausalLM(FunctionalModel):
         """A compilable generation of a packed batch (prompts left-aligned, `padding_mask`
         marking them); returns `(token_ids, padding_mask)`.
 
-        With the cache, one parallel pass fills the cache with the first `prefill_length − 1`
-        tokens (`prefill_length` an int no larger than the shortest prompt), then the loop
-        decodes one token per step from there, keeping prompt tokens where `padding_mask` is
-        set. By default (`prefill_length=None`) the pass fills the whole width, as keras-hub
-        does; that suits attention caches only (the loop writes the positions again), not the
-        recurrent states of linear-time mixers. Without the cache, every step runs the full causal
+        With the cache, one parallel pass fills the cache with the first
+        `prefill_length - 1` tokens (`prefill_length` is an int no larger than the shortest
+        prompt; by default the whole width, as keras-hub does, except for mixers with a
+        recurrent state, which start from the first token), then the loop decodes one token
+        per step from position `prefill_length - 1`, keeping prompt tokens where
+        `padding_mask` is set. Without the cache, every step runs the full causal
         forward pass over the whole (fixed-shape) sequence.
         """
         sampler = sampler or self.sampler
@@ -141,14 +141,18 @@ class CausalLM(FunctionalModel):
         cache, hidden = None, None
         if use_cache:
             cache = self.init_cache(batch_size, max_length)
+            if prefill_length is None and self._has_recurrent_cache():
+                # A recurrent state cannot be filled over the padded width: the loop feeds
+                # every token from the first one (prompt tokens are kept).
+                prefill_length = 1
             if prefill_length is None:
                 hidden, cache = self._cached_hidden(token_ids, cache, 0)
             else:
                 # The loop's first step feeds the token at `prefill_length - 1`, so the
-                # parallel pass fills the positions before it: each position enters the cache
-                # once, as a recurrent state (linear attention, state-space mixers) needs.
+                # parallel pass fills the positions before it: every token enters the cache
+                # once, which a recurrent state (unlike a positional KV cache) requires.
                 filled = prefill_length - 1
-                if filled:
+                if filled > 0:
                     prefix = ops.slice(token_ids, (0, 0), (batch_size, filled))
                     hidden, cache = self._cached_hidden(prefix, cache, 0)
                     # Samplers that read hidden states expect one per output position.
@@ -180,6 +184,12 @@ class CausalLM(FunctionalModel):
             model=self,
         )
         return token_ids, output_padding_mask(token_ids, padding_mask, stop_token_ids)
+
+    def _has_recurrent_cache(self):
+        """Whether a block's mixer keeps a recurrent state (`cache_is_recurrent = True`)
+        rather than a cache addressed by position, which may be written twice."""
+        return any(getattr(block.mixer, "cache_is_recurrent", False)
+                   for block in self.backbone.transformer_stack.blocks)
 
     @property
     def _traced_decode_step(self):

@@ -107,6 +107,9 @@ class LinearAttention(keras.layers.Layer):
     >>> y0, state = layer(keras.random.normal((2, 1, 16)), cache=state, cache_index=0)
     """
 
+    # The cache is a running state, not addressed by position: each token enters it once.
+    cache_is_recurrent = True
+
     def __init__(
         self,
         num_heads,
