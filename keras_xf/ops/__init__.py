@@ -24,3 +24,5 @@ from keras_xf.ops.scan import associative_scan
 from keras_xf.ops.scan import chunked_scan
 from keras_xf.ops.scan import linear_recurrence
 from keras_xf.ops.scan import sequential_scan
+from keras_xf.ops.linear_attention import causal_linear_attention
+from keras_xf.ops.linear_attention import linear_attention

@@ -1,1 +1,4 @@
+"""Sequence mixers that replace attention (linear attention, SSMs, convolutions, recurrent)."""
+
+from keras_xf.layers.mixers.linear_attention import LinearAttention
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer

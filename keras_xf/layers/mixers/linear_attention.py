@@ -1,0 +1,428 @@
+"""Kernelised linear attention with running sums, decay and gates (survey §5.3.2, §5.5.2)."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_xf.layers.cloning import clone_initializer
+from keras_xf.ops.linear_attention import causal_linear_attention
+from keras_xf.ops.linear_attention import linear_attention
+
+FEATURE_MAPS = ("elu", "relu", "random_features", "identity")
+DECAY_MODES = ("learned", "gated")
+
+
+def _check_unit_interval(name, value, num_heads):
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))
+           or not 0 < v < 1]
+    if bad or (isinstance(value, (list, tuple)) and len(values) != num_heads):
+        raise ValueError(
+            f"{name} must be a float in (0, 1), or a list of one such float per head "
+            f"({num_heads}). Received: {name}={value!r}"
+        )
+    return values if isinstance(value, (list, tuple)) else values * num_heads
+
+
+def _logit(p):
+    return math.log(p) - math.log1p(-p)
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class LinearAttention(keras.layers.Layer):
+    """Multi-head linear attention: `Att = D⁻¹ Q′(K′ᵀV)` with `Q′ = φ(Q)`, `K′ = φ(K)`.
+
+    Survey §5.3.2 ("Reducing d": the kernelised attention `α_ij ≈ φ(q_i)φ(k_j)ᵀ /
+    Σ_j′ φ(q_i)φ(k_j′)ᵀ`) and §5.5.2 (linear attention as a recurrent model). Per head:
+
+    - non-causal: `c_i = q′_i μ_n / q′_i ν_n` with `μ_n = Σ_j k′_jᵀ v_j`, `ν_n = Σ_j k′_jᵀ`;
+    - causal: `μ_j = μ_{j−1} + k′_jᵀ v_j`, `ν_j = ν_{j−1} + k′_jᵀ`, `c_j = q′_j μ_j / q′_j ν_j`;
+    - decayed (causal): `μ_j = a·μ_{j−1} + (1−a)·k′_jᵀ v_j`, `ν_j = a·ν_{j−1} + (1−a)·k′_jᵀ`,
+      with `a` fixed, a learned scalar per head, or a gate `a_j = σ(W x_j + b)` per head.
+
+    Feature maps `φ`: `"elu"` (`elu(x) + 1`), `"relu"`, `"identity"` (only with
+    `normalize=False`), and `"random_features"`, the positive random features of Performer
+    (FAVOR+): `φ(x) = exp(ωᵀx − |x|²/2)/√m` applied to `x/d_h^{1/4}`, so that
+    `φ(q)·φ(k) ≈ exp(q·k/√d_h)`; `ω ∈ R^{d_h×m}` is a non-trainable weight drawn from
+    `N(0, 1)` (saved with the model), or redrawn at every training call when `redraw=True`
+    (from the layer's `SeedGenerator`, whose state advances inside compiled train steps; the
+    last draw is written back into the weight, which inference uses).
+
+    The causal form is computed chunk-parallel: inside a chunk of `chunk_size` positions a
+    masked quadratic form, across chunks the carried state `(μ, ν)` (a running sum, or the
+    linear recurrence of `keras_xf.ops.scan` when there is a decay; for a sequence length
+    unknown when tracing, a masked sum over chunk pairs). The state is the cache:
+    decoding one token updates `(μ, ν)` in `O(m·d_h)` per head, independent of the context
+    length. States and sums are accumulated in float32 under mixed precision; the denominator
+    is `max(q′ν, ε)`, so rows without any valid key give zeros.
+
+    Special cases: `decay=0.97` (or one value per head, fixed), `feature_map="identity"` and
+    `normalize=False` give retention (RetNet's `S_j = γ S_{j−1} + k_jᵀ v_j`, `o_j = q_j S_j`,
+    up to the constant factor `1−γ`, without its xPos rotation and group norm);
+    `decay="gated"` is the gated random-feature attention of Peng et al. (RFA-Gate) and, with
+    `feature_map="identity"` and `normalize=False`, gated linear attention with one
+    data-dependent scalar gate per head.
+
+    Args:
+        num_heads: int, heads `τ`.
+        head_dim: int, width `d_h` of each head; defaults to `hidden_dim // num_heads`.
+        output_dim: int, output width; defaults to the input width.
+        feature_map: one of `"elu"`, `"relu"`, `"random_features"`, `"identity"`.
+        num_features: int `m`, random features per head (only for `"random_features"`;
+            defaults to `2·d_h`).
+        redraw: bool, redraw `ω` at every training call (only for `"random_features"`).
+        decay: `None` (plain running sums); a float in (0, 1) or a list of one per head
+            (fixed `a`); `"learned"` (a trained scalar per head, `a = σ(θ_h)`); or `"gated"`
+            (`a_j = σ(W x_j + b)` per head).
+        decay_init: float in (0, 1) or list per head, initial `a` for `"learned"` and the
+            initial bias `σ(b)` of `"gated"`.
+        normalize: bool, divide by `q′ν` (`D⁻¹`); `False` returns `q′μ`.
+        causal: bool, default for `use_causal_mask`.
+        chunk_size: positive int, positions per chunk of the causal form.
+        use_bias: bool, biases in the projections.
+        epsilon: float > 0, lower bound of the denominator.
+        seed: optional int, seed of the random features (initial draw and redraws).
+        kernel_initializer, bias_initializer: initializers of the projections.
+        **kwargs: base `Layer` arguments.
+
+    Call arguments:
+        inputs: `[B, T, d]`.
+        padding_mask: boolean `[B, T]`; padded keys contribute nothing (in the causal form the
+            state passes through a padded position unchanged).
+        attention_mask: must be `None` (an arbitrary `[T, S]` mask has no linear-time form).
+        use_causal_mask: bool, `None` means `causal`.
+        cache: `(μ, ν)` from `init_cache`; the tokens continue from this state (causal form).
+        cache_index: int or scalar int tensor, position of the first token (the state needs
+            no index; accepted for the cache protocol).
+        training: bool.
+
+    Returns:
+        `[B, T, output_dim]`, or `(outputs, (μ, ν))` when a cache is given.
+
+    Example:
+    >>> layer = LinearAttention(num_heads=2, feature_map="elu", decay="gated", causal=True)
+    >>> y = layer(keras.random.normal((2, 6, 16)))  # (2, 6, 16)
+    >>> state = layer.init_cache(2, 6)
+    >>> y0, state = layer(keras.random.normal((2, 1, 16)), cache=state, cache_index=0)
+    """
+
+    # The cache is a running state, not addressed by position: each token enters it once.
+    cache_is_recurrent = True
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim=None,
+        output_dim=None,
+        feature_map="elu",
+        num_features=None,
+        redraw=False,
+        decay=None,
+        decay_init=0.9,
+        normalize=True,
+        causal=False,
+        chunk_size=64,
+        use_bias=True,
+        epsilon=1e-6,
+        seed=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("num_heads", num_heads), ("chunk_size", chunk_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int. Received: {name}={value}")
+        for name, value in (("head_dim", head_dim), ("output_dim", output_dim)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value <= 0):
+                raise ValueError(f"{name} must be a positive int. Received: {name}={value}")
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(
+                f"feature_map must be one of {FEATURE_MAPS}. Received: feature_map={feature_map!r}"
+            )
+        if num_features is not None:
+            if feature_map != "random_features":
+                raise ValueError(
+                    "num_features is used by feature_map='random_features' only. Received: "
+                    f"num_features={num_features}, feature_map={feature_map!r}"
+                )
+            if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features <= 0:
+                raise ValueError(
+                    f"num_features must be a positive int. Received: num_features={num_features}"
+                )
+        if redraw and feature_map != "random_features":
+            raise ValueError(
+                "redraw is used by feature_map='random_features' only. Received: "
+                f"redraw={redraw}, feature_map={feature_map!r}"
+            )
+        if feature_map == "identity" and normalize:
+            raise ValueError(
+                "feature_map='identity' can give a zero or negative denominator q′ν; use it "
+                "with normalize=False. Received: feature_map='identity', normalize=True"
+            )
+        if decay is not None and decay not in DECAY_MODES:
+            _check_unit_interval("decay", decay, num_heads)
+        _check_unit_interval("decay_init", decay_init, num_heads)
+        if not isinstance(epsilon, (int, float)) or isinstance(epsilon, bool) or epsilon <= 0:
+            raise ValueError(f"epsilon must be a positive float. Received: epsilon={epsilon}")
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.output_dim = output_dim
+        self.feature_map = feature_map
+        self.num_features = num_features
+        self.redraw = bool(redraw)
+        self.decay = list(decay) if isinstance(decay, tuple) else decay
+        self.decay_init = list(decay_init) if isinstance(decay_init, tuple) else decay_init
+        self.normalize = bool(normalize)
+        self.causal = bool(causal)
+        self.chunk_size = chunk_size
+        self.use_bias = use_bias
+        self.epsilon = float(epsilon)
+        self.seed = seed
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        # Redraws follow a stream other than the initial draw's (which uses `seed` itself).
+        redraw_seed = None if seed is None else seed + 1
+        self.seed_generator = keras.random.SeedGenerator(redraw_seed) if self.redraw else None
+
+    # Weights -----------------------------------------------------------------------------
+    def _projection(self, name, equation, output_shape, bias_axes):
+        return keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    @property
+    def state_features(self):
+        """`m`, the width of `φ(x)` (the rows of `μ`)."""
+        if self.feature_map == "random_features":
+            return self.num_features or 2 * self.head_dim
+        return self.head_dim
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3:
+            raise ValueError(
+                "LinearAttention expects inputs of rank 3 [batch, length, dim]. "
+                f"Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        hidden_dim = inputs_shape[-1]
+        if self.head_dim is None:
+            if hidden_dim % self.num_heads:
+                raise ValueError(
+                    "num_heads must divide hidden_dim when head_dim is not given. Received: "
+                    f"num_heads={self.num_heads}, hidden_dim={hidden_dim}"
+                )
+            self.head_dim = hidden_dim // self.num_heads
+        heads, dim = self.num_heads, self.head_dim
+        out_dim = self.output_dim or hidden_dim
+        self.query_dense = self._projection("query", "btd,dhk->bthk", (None, heads, dim), "hk")
+        self.key_dense = self._projection("key", "btd,dhk->bthk", (None, heads, dim), "hk")
+        self.value_dense = self._projection("value", "btd,dhk->bthk", (None, heads, dim), "hk")
+        self.output_dense = self._projection("attention_output", "bthk,hkd->btd", (None, out_dim), "d")
+        for dense in (self.query_dense, self.key_dense, self.value_dense):
+            dense.build(inputs_shape)
+        self.output_dense.build((inputs_shape[0], inputs_shape[1], heads, dim))
+        self.projection = None
+        if self.feature_map == "random_features":
+            self.projection = self.add_weight(
+                name="projection",
+                shape=(dim, self.state_features),
+                initializer=keras.initializers.RandomNormal(0.0, 1.0, seed=self.seed),
+                trainable=False,
+                dtype="float32",
+                autocast=False,  # the features are computed in float32
+            )
+        init = _check_unit_interval("decay_init", self.decay_init, heads)
+        logits = [_logit(a) for a in init]
+        self.decay_logit = None
+        self.gate_dense = None
+        if self.decay == "learned":
+            self.decay_logit = self.add_weight(
+                name="decay_logit",
+                shape=(heads,),
+                initializer=keras.initializers.Constant(logits),
+                dtype="float32",
+                autocast=False,
+            )
+        elif self.decay == "gated":
+            self.gate_dense = keras.layers.EinsumDense(
+                "btd,dh->bth",
+                output_shape=(None, heads),
+                bias_axes="h",
+                kernel_initializer=clone_initializer(self.kernel_initializer),
+                bias_initializer=keras.initializers.Constant(logits),
+                dtype=self.dtype_policy,
+                name="gate",
+            )
+            self.gate_dense.build(inputs_shape)
+        self.built = True
+
+    def init_cache(self, batch_size, max_length=None, dtype=None):
+        """The zero state `(μ [B, H, m, d_h], ν [B, H, m])`, float32 whatever `dtype` (the
+        sums are accumulated in float32); its size does not depend on `max_length`."""
+        if self.head_dim is None:
+            raise ValueError(
+                "init_cache needs head_dim: pass head_dim to LinearAttention or build it first."
+            )
+        shape = (batch_size, self.num_heads, self.state_features)
+        return ops.zeros(shape + (self.head_dim,), "float32"), ops.zeros(shape, "float32")
+
+    # Maths -------------------------------------------------------------------------------
+    def _features(self, x, projection, is_query):
+        """`φ(x)` in float32, `[B, T, H, m]`."""
+        x = ops.cast(x, "float32")
+        if self.feature_map == "elu":
+            return ops.elu(x) + 1.0
+        if self.feature_map == "relu":
+            return ops.relu(x)
+        if self.feature_map == "identity":
+            return x
+        x = x * self.head_dim ** -0.25
+        exponent = ops.einsum("bthk,km->bthm", x, projection)
+        exponent = exponent - 0.5 * ops.sum(ops.square(x), axis=-1, keepdims=True)
+        if is_query and self.normalize:
+            # A per-query factor cancels in q′μ / q′ν: subtracting the row maximum keeps exp
+            # from overflowing without changing the result.
+            exponent = exponent - ops.stop_gradient(ops.max(exponent, axis=-1, keepdims=True))
+        return ops.exp(exponent) / math.sqrt(self.state_features)
+
+    def _log_decay(self, inputs):
+        """`(log a_j, 1 − a_j)`, each `[B, T, H]` or `[H]` in float32; `None` without decay."""
+        if self.decay is None:
+            return None
+        if self.decay == "learned":
+            logit = ops.cast(self.decay_logit, "float32")
+        elif self.decay == "gated":
+            logit = ops.cast(self.gate_dense(inputs), "float32")
+        else:
+            values = _check_unit_interval("decay", self.decay, self.num_heads)
+            logit = ops.convert_to_tensor([_logit(a) for a in values], "float32")
+        # log σ(θ) = −softplus(−θ), 1 − σ(θ) = σ(−θ): stable for large |θ|.
+        return -ops.softplus(-logit), ops.sigmoid(-logit)
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=None,
+        cache=None,
+        cache_index=None,
+        training=None,
+    ):
+        if len(inputs.shape) != 3:
+            raise ValueError(
+                "inputs must have rank 3 [batch, length, dim]. Received: "
+                f"inputs.shape={tuple(inputs.shape)}"
+            )
+        if attention_mask is not None:
+            raise ValueError(
+                "LinearAttention takes no attention_mask: an arbitrary [T, S] mask has no "
+                "linear-time form; use padding_mask and use_causal_mask. Received: "
+                f"attention_mask of shape {tuple(attention_mask.shape)}"
+            )
+        causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
+        if cache is not None and use_causal_mask is not None and not use_causal_mask:
+            raise ValueError(
+                "A cache holds the causal running state; it cannot be used with "
+                "use_causal_mask=False. Received: use_causal_mask=False with a cache"
+            )
+        causal = causal or cache is not None
+        if self.decay is not None and not causal:
+            raise ValueError(
+                "decay applies to the causal (recurrent) form. Received: "
+                f"decay={self.decay!r} with use_causal_mask=False"
+            )
+
+        projection = self.projection
+        if self.redraw and training:
+            projection = keras.random.normal(
+                tuple(self.projection.shape), seed=self.seed_generator, dtype="float32"
+            )
+            self.projection.assign(projection)
+        q = self.query_dense(inputs)
+        k = self.key_dense(inputs)
+        v = self.value_dense(inputs)
+        qf = self._features(q, projection, is_query=True)
+        kf = self._features(k, projection, is_query=False)
+        # [v | 1]: one product gives the numerator q′μ and the denominator q′ν together.
+        values = ops.cast(v, "float32")
+        values = ops.concatenate([values, ops.ones_like(values[..., :1])], axis=-1)
+
+        decay = self._log_decay(inputs)
+        log_decay = scale = None
+        if decay is not None:
+            log_decay, scale = decay
+            shape = ops.shape(kf)[:3]
+            log_decay = log_decay + ops.zeros(shape, "float32")
+            scale = scale + ops.zeros(shape, "float32")
+        if padding_mask is not None:
+            mask = ops.cast(padding_mask, "float32")[:, :, None]
+            kf = kf * mask[..., None]
+            if log_decay is not None:  # the state passes a padded position unchanged
+                log_decay = log_decay * mask
+
+        new_cache = None
+        if causal:
+            state = None
+            if cache is not None:
+                mu, nu = cache
+                state = ops.concatenate(
+                    [ops.cast(mu, "float32"), ops.cast(nu, "float32")[..., None]], axis=-1
+                )
+            mixed, last = causal_linear_attention(
+                qf, kf, values, log_decay, scale, state, chunk_size=self.chunk_size
+            )
+            if cache is not None:
+                new_cache = (last[..., :-1], last[..., -1])
+        else:
+            mixed = linear_attention(qf, kf, values)
+        numerator, denominator = mixed[..., :-1], mixed[..., -1:]
+        if self.normalize:
+            outputs = numerator / ops.maximum(denominator, self.epsilon)
+        else:
+            outputs = numerator
+        outputs = self.output_dense(ops.cast(outputs, self.compute_dtype))
+        if cache is None:
+            return outputs
+        return outputs, new_cache
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape[:-1]) + (self.output_dim or inputs_shape[-1],)
+
+    def compute_output_spec(self, inputs, cache=None, **kwargs):
+        outputs = keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
+        if cache is None:
+            return outputs
+        return outputs, tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "head_dim": self.head_dim,
+                "output_dim": self.output_dim,
+                "feature_map": self.feature_map,
+                "num_features": self.num_features,
+                "redraw": self.redraw,
+                "decay": self.decay,
+                "decay_init": self.decay_init,
+                "normalize": self.normalize,
+                "causal": self.causal,
+                "chunk_size": self.chunk_size,
+                "use_bias": self.use_bias,
+                "epsilon": self.epsilon,
+                "seed": self.seed,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config
