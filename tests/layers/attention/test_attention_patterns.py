@@ -331,8 +331,11 @@ def test_config_round_trip_and_saving(rng, tmp_path):
         lambda: HybridPattern([DilatedPattern(1, causal=True), GlobalPattern(num_global=1),
                                RandomPattern(2, max_length=12, seed=0, causal=True)]),
         lambda: HashingPattern(num_buckets=4, num_hashes=2, seed=0),
+        lambda: PerHeadPattern([DilatedPattern(2, dilation=2, causal=True),
+                                GlobalPattern(global_positions=[0, 3])]),
+        lambda: ClusteringPattern(num_clusters=2, seed=0),
     ],
-    ids=["hybrid", "hashing"],
+    ids=["hybrid_local_global_random", "hashing", "per_head_dilated_global", "clustering"],
 )
 def test_causal_lm_trains(rng, pattern):
     block = TransformerBlock(

@@ -227,8 +227,10 @@ def _train(model, x, y, steps=4):
     assert losses[-1] < losses[0], losses
 
 
-def test_text_classifier_with_projection_trains(rng):
-    attention = CompressedAttention(num_heads=2, **dict(PROJECTION, max_length=LENGTH))
+@pytest.mark.parametrize(
+    "method", [dict(PROJECTION, max_length=LENGTH), CONVOLUTION], ids=["projection", "convolution"])
+def test_text_classifier_with_compressed_attention_trains(rng, method):
+    attention = CompressedAttention(num_heads=2, **method)
     model = text_classifier(block=TransformerBlock(attention, FeedForward(FFN)))
     _train(model, token_batch(rng, lengths=[8, 5]), np.array([0, 1], "int32"))
 

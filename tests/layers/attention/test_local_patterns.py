@@ -215,8 +215,11 @@ def test_generate_with_a_rolling_cache_equals_uncached_generate():
     assert all(len(row) == 10 for row in cached)
 
 
-def test_causal_lm_with_local_pattern_trains(rng):
-    model = _local_lm(LocalPattern(3))
+@pytest.mark.parametrize(
+    "pattern", [lambda: LocalPattern(3), lambda: ChunkedPattern(4), lambda: StridedPattern(4, 2)],
+    ids=["local", "chunked", "strided"])
+def test_causal_lm_with_banded_pattern_trains(rng, pattern):
+    model = _local_lm(pattern())
     model.compile(optimizer=keras.optimizers.Adam(1e-2))
     x = token_batch(rng, length=12)
     y = rng.integers(1, VOCAB, size=(2, 12)).astype("int32")
