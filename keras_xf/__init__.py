@@ -1,6 +1,7 @@
 """keras_xf: Transformer building blocks for Keras 3 on TensorFlow, JAX and PyTorch."""
 
 from keras_xf import datasets
+from keras_xf import distribution
 from keras_xf import generation
 from keras_xf import layers
 from keras_xf import models

@@ -1,4 +1,4 @@
-"""Training utilities: schedules, losses and batching helpers."""
+"""Training utilities: schedules, losses, batching helpers and model growth."""
 
 from keras_xf.training.batching import language_model_examples
 from keras_xf.training.batching import pack_sequences
@@ -6,3 +6,5 @@ from keras_xf.training.batching import seq2seq_examples
 from keras_xf.training.noam_schedule import NoamSchedule
 from keras_xf.training.smoothed_cross_entropy import SmoothedSparseCrossEntropy
 from keras_xf.training.time_limit import TimeLimit
+from keras_xf.training.grow_depth import grow_depth
+from keras_xf.training.grow_width import grow_width
