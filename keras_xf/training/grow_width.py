@@ -24,9 +24,12 @@ _WIDTHS = {
 def _input_axes(path):
     """Axes of a weight that index the units it reads: the first axis of kernels (`Dense`
     `[in, out]`, attention `[d, H, d_h]` and `[H, d_h, d]`) and of an untied output
-    projection `[d, V]`."""
+    projection `[d, V]`; the second axis of mixture-of-experts kernels `expert_*`
+    (`[M, in, out]`, one matrix per expert)."""
     name = path.split("/")[-1]
-    return (0,) if name.endswith("kernel") or name == "reverse_embeddings" else ()
+    if "kernel" not in name and name != "reverse_embeddings":
+        return ()
+    return (1,) if name.startswith("expert_") else (0,)
 
 
 def tiled(value, shape, factor, rho, path):
@@ -59,7 +62,9 @@ def grow_width(model, factor, rho=None):
     hidden layer all grow by `k = factor`. Every weight is tiled `k` times along its grown
     axes; a weight whose input axis grew (a kernel's rows, an untied output projection) is
     divided by `ρ`, while weights that only produce grown units (their columns, biases,
-    embeddings, norm scales and offsets) are copied as they are.
+    embeddings, norm scales and offsets) are copied as they are. Mixture-of-experts
+    weights named `expert_*` (`[M, in, out]`) are treated per expert, their second axis
+    being the input one.
 
     With `ρ = k` (the default) each grown unit holds `k` identical copies of a trained
     unit and every consumer sums them with weight `1/k`, so hidden units, heads (each copy

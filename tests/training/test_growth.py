@@ -62,6 +62,11 @@ def test_tiling_with_rho_other_than_the_factor():
     np.testing.assert_allclose(tiled(w1, (6, 9), 3, 2.0, "ffn/kernel"), np.tile(w1 / 2.0, (3, 3)))
     np.testing.assert_allclose(tiled(w1, (2, 9), 3, 2.0, "ffn/kernel"), np.tile(w1, (1, 3)))
     np.testing.assert_allclose(tiled(w1, (6, 3), 3, 2.0, "norm/gamma"), np.tile(w1, (3, 1)))
+    experts = np.arange(12.0).reshape(2, 3, 2)  # [M, d, f]: rows of each expert read d
+    np.testing.assert_allclose(tiled(experts, (2, 6, 2), 2, 2.0, "moe/expert_kernel_in"),
+                               np.tile(experts / 2.0, (1, 2, 1)))
+    np.testing.assert_allclose(tiled(experts, (2, 3, 4), 2, 2.0, "moe/expert_kernel_out"),
+                               np.tile(experts, (1, 1, 2)))
     with pytest.raises(ValueError, match="Cannot grow 'ffn/kernel' from shape \\(2, 3\\) to \\(4, 9\\)"):
         tiled(w1, (4, 9), 3, 2.0, "ffn/kernel")
 
