@@ -32,3 +32,4 @@ from keras_xf.layers.mixers.linear_attention import LinearAttention
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.attention.branch_mix import BranchMix
+from keras_xf.layers.attention.perceiver_resampler import PerceiverResampler
