@@ -103,7 +103,7 @@ def test_fully_padded_inputs_are_finite(rng, attend_to_latents):
 
 
 def test_config_fit_and_saving(rng, tmp_path):
-    layer = _make(num_layers=2, attend_to_latents=True, dropout=0.1, activation="swiglu")
+    layer = _make(attend_to_latents=True, dropout=0.1, activation="swiglu")
     checks.check_config_round_trip(layer)
     x, padding = _inputs(rng), _padding([7, 3])
     model = checks.wrap_in_model(layer, [x], {"padding_mask": padding})
@@ -127,7 +127,7 @@ def test_mixed_precision(rng, policy):
 @checks.xla_only
 def test_jit_compile(rng):
     x, padding = _inputs(rng), _padding([7, 3])
-    model = checks.wrap_in_model(_make(num_layers=2), [x], {"padding_mask": padding})
+    model = checks.wrap_in_model(_make(), [x], {"padding_mask": padding})
     checks.check_jit_compile(model, [x, padding])
 
 
