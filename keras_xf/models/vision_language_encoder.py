@@ -94,7 +94,8 @@ class VisionLanguageEncoder(FunctionalModel):
             (the first text token, e.g. a `[CLS]` id) or `"max"`.
         block: optional `TransformerBlock` template (any mixer / feedforward); without it a
             pre-norm `MultiHeadAttention` + `FeedForward` block is built (as ViT and ViLT).
-        resampler: optional `PerceiverResampler` (or its config) compressing the patches.
+        resampler: optional `PerceiverResampler` (or its config) compressing the patches;
+            the model builds a fresh copy of it (its own weights, the model's dtype policy).
         num_key_value_heads, activation, norm_placement, normalization: of the default block.
         dropout: float, embedding and default-block dropout.
         head_intermediate_dim, head_dropout: of the classification head.
@@ -109,7 +110,9 @@ class VisionLanguageEncoder(FunctionalModel):
     >>> model = VisionLanguageEncoder(vocabulary_size=100, image_shape=(8, 8, 1), patch_size=4,
     ...                               num_layers=2, hidden_dim=16, num_heads=2,
     ...                               intermediate_dim=32, max_sequence_length=12, num_classes=3)
-    >>> logits = model({"token_ids": ids, "padding_mask": mask, "images": images})  # (B, 3)
+    >>> logits = model({"token_ids": np.ones((2, 5), "int32"),
+    ...                 "padding_mask": np.ones((2, 5), "int32"),
+    ...                 "images": np.zeros((2, 8, 8, 1), "float32")})  # (2, 3)
     """
 
     def __init__(
