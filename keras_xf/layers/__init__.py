@@ -20,6 +20,7 @@ from keras_xf.layers.attention.relative_position_embedding import RelativePositi
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.learned_position_embedding import LearnedPositionEmbedding
+from keras_xf.layers.embeddings.patch_embedding import PatchEmbedding
 from keras_xf.layers.embeddings.rotary_embedding import RotaryEmbedding
 from keras_xf.layers.embeddings.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
@@ -32,3 +33,4 @@ from keras_xf.layers.mixers.linear_attention import LinearAttention
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.attention.branch_mix import BranchMix
+from keras_xf.layers.attention.perceiver_resampler import PerceiverResampler
