@@ -12,7 +12,6 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
-from keras_xf.ops.convolution import convolution_padding
 from keras_xf.ops.convolution import pad_sequence
 from keras_xf.ops.convolution import rolling_cache
 
@@ -84,11 +83,6 @@ class SequenceConvolution(keras.layers.Layer):
                 f"known dim. Received: inputs_shape={tuple(inputs_shape)}"
             )
         return int(inputs_shape[-1])
-
-    @property
-    def padding(self):
-        """`(left, right)` padding of the default (`causal`) form."""
-        return convolution_padding(self.kernel_size, self.causal)
 
     # Cache -------------------------------------------------------------------------------
     def init_cache(self, batch_size, max_length=None, dtype=None):
