@@ -26,3 +26,7 @@ from keras_xf.ops.scan import linear_recurrence
 from keras_xf.ops.scan import sequential_scan
 from keras_xf.ops.linear_attention import causal_linear_attention
 from keras_xf.ops.linear_attention import linear_attention
+from keras_xf.ops.convolution import convolution_padding
+from keras_xf.ops.convolution import pad_sequence
+from keras_xf.ops.convolution import rolling_cache
+from keras_xf.ops.convolution import shifted_windows

@@ -1,0 +1,250 @@
+"""The shared call protocol of the convolutional sequence mixers (survey §5.5.1).
+
+`SequenceConvolution` handles what every convolutional mixer does the same way: argument
+checks, the padding mask (padded positions are zeroed before mixing and in the output), the
+causal or centred padding, the rolling cache of the last `K − 1` convolution inputs, and the
+output structure of the cache protocol. A subclass defines `_channels()` (the width of the
+convolved signal), `_mix(padded, signal, training)` (`[B, T + K − 1, C]` → `[B, T, C]`), and
+optionally `_project_in` / `_project_out` around it.
+"""
+
+import keras
+from keras import ops
+
+from keras_xf.layers.cloning import clone_initializer
+from keras_xf.ops.convolution import pad_sequence
+from keras_xf.ops.convolution import rolling_cache
+
+
+def check_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
+    return value
+
+
+def check_rate(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a float in [0, 1). Received: {name}={value!r}")
+    return float(value)
+
+
+def glu(x):
+    """Gated linear unit over the last axis: `a ⊙ σ(b)` for `[a | b]`."""
+    a, b = ops.split(x, 2, axis=-1)
+    return a * ops.sigmoid(b)
+
+
+def depthwise(padded, kernel):
+    """`y_{t,c} = Σ_j W_{j,c} p_{t+j,c}`: a "valid" depthwise convolution of a padded
+    `[B, T + K − 1, C]` sequence with a kernel `[K, C]`."""
+    kernel = ops.cast(kernel, padded.dtype)
+    return ops.depthwise_conv(padded, kernel[:, :, None], strides=1, padding="valid")
+
+
+class SequenceConvolution(keras.layers.Layer):
+    """Base of the convolutional mixers: the cache protocol around a size-`K` convolution."""
+
+    # The cache is the rolling window of the last K − 1 inputs: each token enters it once.
+    cache_is_recurrent = True
+
+    def __init__(
+        self,
+        kernel_size,
+        causal=False,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.kernel_size = check_positive_int("kernel_size", kernel_size)
+        if not isinstance(causal, bool):
+            raise ValueError(f"causal must be a bool. Received: causal={causal!r}")
+        self.causal = causal
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    # Helpers for subclasses ---------------------------------------------------------------
+    def _dense(self, units, name, use_bias=None):
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias if use_bias is None else use_bias,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _check_inputs_shape(self, inputs_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                f"{type(self).__name__} expects inputs of rank 3 [batch, length, dim] with a "
+                f"known dim. Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        return int(inputs_shape[-1])
+
+    # Cache -------------------------------------------------------------------------------
+    def init_cache(self, batch_size, max_length=None, dtype=None):
+        """The empty rolling cache: zeros `[B, K − 1, C]` in float32 (whatever `dtype`), the
+        last `K − 1` inputs of the convolution; its size does not depend on `max_length`."""
+        if not self.built:
+            raise ValueError(
+                f"init_cache needs a built {type(self).__name__}: call it once or build it."
+            )
+        if not self.causal:
+            raise ValueError(
+                f"Only a causal {type(self).__name__} decodes with a cache. Received: "
+                "causal=False"
+            )
+        return ops.zeros((batch_size, self.kernel_size - 1, self._channels()), "float32")
+
+    # Forward -----------------------------------------------------------------------------
+    def _project_in(self, inputs, training):
+        return inputs
+
+    def _project_out(self, outputs, padding_mask, training):
+        return outputs
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=None,
+        cache=None,
+        cache_index=None,
+        training=None,
+    ):
+        if len(inputs.shape) != 3:
+            raise ValueError(
+                "inputs must have rank 3 [batch, length, dim]. Received: "
+                f"inputs.shape={tuple(inputs.shape)}"
+            )
+        if attention_mask is not None:
+            raise ValueError(
+                f"{type(self).__name__} takes no attention_mask: a convolution mixes a fixed "
+                "window of positions; use padding_mask and use_causal_mask. Received: "
+                f"attention_mask of shape {tuple(attention_mask.shape)}"
+            )
+        causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
+        if cache is not None and not causal:
+            raise ValueError(
+                f"A non-causal {type(self).__name__} has no cache: its outputs read future "
+                f"positions. Received: a cache with causal={self.causal}, "
+                f"use_causal_mask={use_causal_mask}"
+            )
+        signal = self._project_in(ops.cast(inputs, self.compute_dtype), training)
+        mask = None
+        if padding_mask is not None:
+            mask = ops.cast(padding_mask, signal.dtype)[:, :, None]
+            signal = signal * mask  # padded positions never reach valid ones
+        padded = pad_sequence(signal, self.kernel_size, causal, history=cache)
+        outputs = self._mix(padded, signal, training)
+        outputs = self._project_out(outputs, padding_mask, training)
+        if mask is not None:
+            outputs = outputs * ops.cast(mask, outputs.dtype)
+        if cache is None:
+            return outputs
+        return outputs, rolling_cache(padded, self.kernel_size)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def compute_output_spec(self, inputs, cache=None, **kwargs):
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if cache is None:
+            return outputs
+        return outputs, keras.KerasTensor(cache.shape, dtype="float32")
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "kernel_size": self.kernel_size,
+                "causal": self.causal,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config
+
+
+class HeadConvolution(SequenceConvolution):
+    """Base of the lightweight and dynamic convolutions (Wu et al. 2019): `H` kernels of
+    size `K`, softmax-normalised over `K` in float32, with DropConnect on the normalised
+    weights, channel `c` using the kernel of head `⌊c·H/d⌋`; optionally the input projection
+    `d → 2d` with a GLU before, and the output projection `d → d` after the convolution."""
+
+    def __init__(
+        self,
+        kernel_size,
+        num_heads,
+        causal=False,
+        weight_softmax=True,
+        weight_dropout=0.0,
+        use_glu=False,
+        use_bias=True,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(kernel_size, causal=causal, use_bias=use_bias, **kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.weight_softmax = bool(weight_softmax)
+        self.weight_dropout = check_rate("weight_dropout", weight_dropout)
+        self.use_glu = bool(use_glu)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed) if self.weight_dropout else None
+        self.hidden_dim = None
+
+    def _build_projections(self, inputs_shape):
+        hidden_dim = self._check_inputs_shape(inputs_shape)
+        if hidden_dim % self.num_heads:
+            raise ValueError(
+                "num_heads must divide the input width. Received: "
+                f"num_heads={self.num_heads}, hidden_dim={hidden_dim}"
+            )
+        self.hidden_dim = hidden_dim
+        self.input_projection = self.output_projection = None
+        if self.use_glu:
+            self.input_projection = self._dense(2 * hidden_dim, "input_projection")
+            self.input_projection.build(tuple(inputs_shape))
+            self.output_projection = self._dense(hidden_dim, "output_projection")
+            self.output_projection.build(tuple(inputs_shape))
+        return hidden_dim
+
+    def _channels(self):
+        return self.hidden_dim
+
+    def _project_in(self, inputs, training):
+        if self.input_projection is None:
+            return inputs
+        return glu(self.input_projection(inputs))
+
+    def _project_out(self, outputs, padding_mask, training):
+        if self.output_projection is None:
+            return outputs
+        return self.output_projection(outputs)
+
+    def _normalize(self, logits, training):
+        """Softmax over the last (`K`) axis in float32, then DropConnect when training."""
+        weights = ops.cast(logits, "float32")
+        if self.weight_softmax:
+            weights = ops.softmax(weights, axis=-1)
+        if training and self.weight_dropout > 0:
+            weights = keras.random.dropout(weights, self.weight_dropout, seed=self.seed_generator)
+        return weights
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "weight_softmax": self.weight_softmax,
+                "weight_dropout": self.weight_dropout,
+                "use_glu": self.use_glu,
+                "seed": self.seed,
+            }
+        )
+        return config

@@ -1,0 +1,81 @@
+"""Dynamic convolution: kernels predicted from each position (Wu et al. 2019; survey §5.5.1)."""
+
+import keras
+from keras import ops
+
+from keras_xf.layers.mixers._convolution import HeadConvolution
+from keras_xf.ops.convolution import shifted_windows
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class DynamicConvolution(HeadConvolution):
+    """Dynamic convolution (Wu et al. 2019): a lightweight convolution whose `H` kernels are
+    predicted at every position from the current input (survey §5.5.1).
+
+        W̃_t = softmax_K(reshape_{H×K}(x_t W^K + b^K))                      [H, K] per t
+        y_{t,c} = Σ_{j=0}^{K−1} W̃_{t, ⌊c·H/d⌋, j} x_{t−l+j, c}
+
+    `l = K − 1` when causal, `⌊(K − 1)/2⌋` when centred, `x` zero outside the sequence. The
+    kernels, `[B, T, H, K]`, are normalised in float32 (DropConnect with `weight_dropout`
+    during training) and applied to the `K` shifted copies of the sequence stacked as
+    `[B, T, K, d]`: memory `O(T·K·d)`, linear in `T` (self-attention's weights are
+    `O(T²)`). With `use_glu=True` the input first goes through `GLU(x W^I)` (`d → 2d`; the
+    kernels are predicted from its output) and the result through `W^O` (`d → d`).
+
+    Causal decoding keeps a rolling cache of the last `K − 1` convolution inputs, `[B, K − 1,
+    d]` in float32, independent of the context length.
+
+    Args:
+        kernel_size: positive int `K`.
+        num_heads: positive int `H`, dividing the input width `d`.
+        causal: bool, causal (left) padding instead of centred; the default for
+            `use_causal_mask`.
+        weight_softmax: bool, normalise each kernel by a softmax over its `K` taps.
+        weight_dropout: float in [0, 1), DropConnect rate on the normalised kernels.
+        use_glu: bool, add the GLU input projection and the output projection.
+        use_bias: bool, biases in the kernel predictor and the projections.
+        seed: optional int, seed of the weight dropout.
+        kernel_initializer, bias_initializer: initializers of the dense layers.
+        **kwargs: base `Layer` arguments.
+
+    Call arguments:
+        inputs: `[B, T, d]`.
+        padding_mask: boolean `[B, T]`; padded positions are zeroed before the convolution
+            and in the output.
+        attention_mask: must be `None`.
+        use_causal_mask: bool, `None` means `causal`.
+        cache: `[B, K − 1, d]` from `init_cache` (causal form only).
+        cache_index: accepted for the cache protocol (the rolling cache needs no index).
+        training: bool, enables the weight dropout.
+
+    Returns:
+        `[B, T, d]`, or `(outputs, new_cache)` when a cache is given.
+
+    Example:
+    >>> layer = DynamicConvolution(kernel_size=4, num_heads=2, causal=True, use_glu=True)
+    >>> y = layer(keras.random.normal((2, 6, 16)))  # (2, 6, 16)
+    """
+
+    def build(self, inputs_shape):
+        hidden_dim = self._build_projections(inputs_shape)
+        self.kernel_dense = self._dense(self.num_heads * self.kernel_size, "kernel_dense")
+        self.kernel_dense.build(tuple(inputs_shape[:-1]) + (hidden_dim,))
+        self.built = True
+
+    def position_kernels(self, signal, training=False):
+        """The normalised kernels `[B, T, H, K]` (float32) predicted from `signal`."""
+        logits = self.kernel_dense(signal)
+        batch, length = ops.shape(signal)[0], ops.shape(signal)[1]
+        logits = ops.reshape(logits, (batch, length, self.num_heads, self.kernel_size))
+        return self._normalize(logits, training)
+
+    def _mix(self, padded, signal, training):
+        kernels = ops.cast(self.position_kernels(signal, training), signal.dtype)
+        windows = shifted_windows(padded, self.kernel_size)  # [B, T, K, d]
+        batch, length = ops.shape(signal)[0], ops.shape(signal)[1]
+        group = self.hidden_dim // self.num_heads
+        windows = ops.reshape(
+            windows, (batch, length, self.kernel_size, self.num_heads, group)
+        )
+        outputs = ops.einsum("btkhc,bthk->bthc", windows, kernels)
+        return ops.reshape(outputs, (batch, length, self.hidden_dim))

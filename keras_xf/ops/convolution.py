@@ -1,0 +1,49 @@
+"""Padding, shifted windows and the rolling cache of sequence convolutions (survey §5.5.1)."""
+
+from keras import ops
+
+
+def convolution_padding(kernel_size, causal):
+    """`(left, right)` zero padding that keeps the length of a size-`K` convolution.
+
+    Causal: `(K − 1, 0)`, so the output at `t` reads `x_{t−K+1} … x_t`. Centred: `left =
+    ⌊(K − 1)/2⌋`, `right = K − 1 − left` (for an even `K` the extra tap is on the right, as
+    in Keras' and PyTorch's `"same"` padding), so the output at `t` reads `x_{t−left} …
+    x_{t+right}`.
+    """
+    if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size <= 0:
+        raise ValueError(f"kernel_size must be a positive int. Received: kernel_size={kernel_size}")
+    if causal:
+        return kernel_size - 1, 0
+    left = (kernel_size - 1) // 2
+    return left, kernel_size - 1 - left
+
+
+def pad_sequence(inputs, kernel_size, causal, history=None):
+    """`inputs` `[B, T, C]` padded to `[B, T + K − 1, C]` for a "valid" size-`K` convolution.
+
+    `history` `[B, K − 1, C]` (causal only) replaces the left zeros: the last `K − 1` inputs
+    of the preceding tokens, i.e. the rolling cache.
+    """
+    left, right = convolution_padding(kernel_size, causal)
+    if history is not None:
+        if not causal:
+            raise ValueError("history (a rolling cache) needs causal=True. Received: causal=False")
+        return ops.concatenate([ops.cast(history, inputs.dtype), inputs], axis=1)
+    return ops.pad(inputs, ((0, 0), (left, right), (0, 0)))
+
+
+def shifted_windows(padded, kernel_size):
+    """The `K` shifted copies of a padded sequence, `[B, T, K, C]` with `T = L − K + 1`:
+    entry `[b, t, j]` is `padded[b, t + j]`. Memory `O(T·K·C)`, linear in `T`."""
+    length = ops.shape(padded)[1] - (kernel_size - 1)
+    return ops.stack([padded[:, j:j + length] for j in range(kernel_size)], axis=2)
+
+
+def rolling_cache(padded, kernel_size):
+    """The last `K − 1` entries of a padded (history + new tokens) sequence, `[B, K − 1, C]`,
+    in float32: the cache for the next call."""
+    batch, length, channels = ops.shape(padded)
+    start = length - (kernel_size - 1)
+    window = ops.slice(padded, (0, start, 0), (batch, kernel_size - 1, channels))
+    return ops.cast(window, "float32")

@@ -1,0 +1,42 @@
+"""ops.convolution: causal and centred padding, shifted windows and the rolling cache."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_xf.ops import convolution_padding
+from keras_xf.ops import pad_sequence
+from keras_xf.ops import rolling_cache
+from keras_xf.ops import shifted_windows
+from tests.reference import convolutions as ref
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_windows_read_the_positions_of_the_equations(causal):
+    """Window `[t, j]` holds `x_{t−l+j}` (zero outside), for odd and even sizes."""
+    length = 6
+    x = np.arange(1, length + 1, dtype="float32")[None, :, None]  # positions 0…5 hold 1…6
+    for kernel_size in (1, 2, 3, 4):
+        left, right = convolution_padding(kernel_size, causal)
+        assert left + right == kernel_size - 1 and left == ref.window_start(kernel_size, causal)
+        padded = pad_sequence(x, kernel_size, causal)
+        windows = keras.ops.convert_to_numpy(shifted_windows(padded, kernel_size))[0, :, :, 0]
+        assert windows.shape == (length, kernel_size)
+        for t in range(length):
+            for j in range(kernel_size):
+                s = t - left + j
+                assert windows[t, j] == (s + 1 if 0 <= s < length else 0)
+
+
+def test_history_and_rolling_cache():
+    x = np.arange(1, 4, dtype="float32")[None, :, None]
+    history = np.array([[[-2.0], [-1.0]]], "float32")
+    padded = pad_sequence(x, 3, True, history=history)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(padded)[0, :, 0], [-2, -1, 1, 2, 3])
+    cache = rolling_cache(padded, 3)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(cache)[0, :, 0], [2, 3])
+    assert keras.backend.standardize_dtype(cache.dtype) == "float32"
+    with pytest.raises(ValueError, match="causal=False"):
+        pad_sequence(x, 3, False, history=history)
+    with pytest.raises(ValueError, match="kernel_size=0"):
+        convolution_padding(0, True)
