@@ -28,7 +28,9 @@ from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.layers.feedforward.product_key_memory import ProductKeyMemory
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.layers.mixers.average_attention import AverageAttention
 from keras_xf.layers.mixers.linear_attention import LinearAttention
+from keras_xf.layers.mixers.recurrent_mixer import RecurrentMixer
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.attention.branch_mix import BranchMix

@@ -1,4 +1,6 @@
 """Sequence mixers that replace attention (linear attention, SSMs, convolutions, recurrent)."""
 
+from keras_xf.layers.mixers.average_attention import AverageAttention
 from keras_xf.layers.mixers.linear_attention import LinearAttention
+from keras_xf.layers.mixers.recurrent_mixer import RecurrentMixer
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
