@@ -5,6 +5,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_xf.layers import AverageAttention
 from keras_xf.layers import FeedForward
 from keras_xf.layers import RecurrentMixer
 from keras_xf.layers import TransformerBlock
@@ -109,7 +110,8 @@ def test_config_weights_fit_and_saving(rng, tmp_path):
     bidirectional.build(x.shape)  # 8 units each way, concatenated to the width: no projection
     assert checks.count_params(bidirectional) == 2 * (4 * 8 * (D + 8) + 4 * 8)
 
-    model = checks.wrap_in_model(RecurrentMixer("lstm", units=12), [x], {"padding_mask": mask})
+    bidirectional = RecurrentMixer("lstm", bidirectional=True, units=6)  # projection 12 -> 16
+    model = checks.wrap_in_model(bidirectional, [x], {"padding_mask": mask})
     inputs = checks.model_inputs([x], {"padding_mask": mask})
     checks.check_fit_step(model, inputs)
     checks.check_saving(model, inputs, tmp_path)
@@ -142,8 +144,10 @@ def test_jit_compile(rng):
 
 
 def test_bidirectional_text_classifier_trains(rng):
-    block = TransformerBlock(RecurrentMixer("gru", bidirectional=True), FeedForward(FFN))
-    model = text_classifier(block=block)
+    """An encoder of a bidirectional GRU block and a non-causal AverageAttention block."""
+    blocks = [TransformerBlock(RecurrentMixer("gru", bidirectional=True), FeedForward(FFN)),
+              TransformerBlock(AverageAttention(causal=False), FeedForward(FFN))]
+    model = text_classifier(block=blocks, num_layers=2)
     model.compile(optimizer=keras.optimizers.Adam(1e-2))
     batch = token_batch(rng, lengths=[8, 5])
     labels = np.array([0, 1], "int32")
