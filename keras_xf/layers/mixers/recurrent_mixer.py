@@ -206,7 +206,8 @@ class RecurrentMixer(keras.layers.Layer):
         return tuple(inputs_shape[:-1]) + (self.output_dim or inputs_shape[-1],)
 
     def compute_output_spec(self, inputs, cache=None, **kwargs):
-        outputs = keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
+        shape = self.compute_output_shape(inputs.shape)
+        outputs = keras.KerasTensor(shape, dtype=self.compute_dtype)
         if cache is None:
             return outputs
         return outputs, tuple(keras.KerasTensor(s.shape, dtype="float32") for s in cache)

@@ -20,18 +20,14 @@ from tests.models.tiny import causal_lm
 from tests.models.tiny import randomize_embeddings
 from tests.models.tiny import token_batch
 
-B, T, D = 2, 8, 16
+B, T = 2, 8
 
 
 def _block(mixer):
     return TransformerBlock(mixer, FeedForward(FFN), norm_placement="pre")
 
 
-def _np(x):
-    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
-
-
-def test_stack_cycles_through_templates_and_round_trips(rng):
+def test_stack_cycles_through_templates_and_round_trips():
     templates = [_block(RecurrentMixer("gru")), _block(MultiHeadAttention(HEADS)),
                  _block(AverageAttention())]
     stack = TransformerStack(templates, num_layers=4)
@@ -43,15 +39,6 @@ def test_stack_cycles_through_templates_and_round_trips(rng):
     assert isinstance(config["block"], list) and len(config["block"]) == 3
     clone = checks.check_config_round_trip(stack)
     assert [type(b.mixer).__name__ for b in clone.blocks] == kinds
-    # The stack's cache holds one entry per layer, each in its mixer's own form.
-    stack = TransformerStack(templates[1:], num_layers=3)
-    x = rng.normal(size=(B, T, D)).astype("float32")
-    full = _np(stack(x, use_causal_mask=True))
-    cache = stack.init_cache(B, T)
-    outputs, cache = stack(x[:, :4], use_causal_mask=True, cache=cache, cache_index=0)
-    last, _ = stack(x[:, 4:], use_causal_mask=True, cache=cache, cache_index=4)
-    np.testing.assert_allclose(np.concatenate([_np(outputs), _np(last)], 1), full, atol=1e-5,
-                               rtol=1e-4)
     # A single template (not a list) keeps its config form.
     assert isinstance(TransformerStack(templates[0], 2).get_config()["block"], dict)
     with pytest.raises(ValueError, match="block"):
