@@ -29,11 +29,13 @@ from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.layers.feedforward.product_key_memory import ProductKeyMemory
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.layers.mixers.average_attention import AverageAttention
 from keras_xf.layers.mixers.conformer_convolution import ConformerConvolution
 from keras_xf.layers.mixers.depthwise_convolution import DepthwiseConvolution
 from keras_xf.layers.mixers.dynamic_convolution import DynamicConvolution
 from keras_xf.layers.mixers.lightweight_convolution import LightweightConvolution
 from keras_xf.layers.mixers.linear_attention import LinearAttention
+from keras_xf.layers.mixers.recurrent_mixer import RecurrentMixer
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.attention.branch_mix import BranchMix

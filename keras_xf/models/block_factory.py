@@ -38,9 +38,26 @@ def default_block(
     )
 
 
+def serialize_block(block):
+    """The config value of a `block=` argument: a template, or a list of them (hybrid
+    stacks), serialised; `None` and already serialised configs are kept."""
+    if isinstance(block, (list, tuple)):
+        return [serialize_block(b) for b in block]
+    if isinstance(block, keras.layers.Layer):
+        return keras.saving.serialize_keras_object(block)
+    return block
+
+
 def prepare_block(block, position, cross_attention=False):
     """Serialised block config, with RoPE plugged into attention when `position="rotary"`,
-    and a cross-attention copy of the mixer added when a decoder needs one."""
+    and a cross-attention copy of the mixer added when a decoder needs one. A list of
+    templates (a hybrid stack) gives the list of prepared templates."""
+    if isinstance(block, (list, tuple)):
+        if not block:
+            raise ValueError(
+                "block must be a block or a non-empty list of blocks. Received: block=[]"
+            )
+        return [prepare_block(b, position, cross_attention) for b in block]
     block = clone_layer(block)  # a fresh copy
     config = serialize_layer(block)["config"]
     mixer = config["mixer"]

@@ -9,12 +9,11 @@ from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
 from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import prepare_block
+from keras_xf.models.block_factory import serialize_block
 
 
 def _serialized(block):
-    if isinstance(block, keras.layers.Layer):
-        return keras.saving.serialize_keras_object(block)
-    return block
+    return serialize_block(block)
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")

@@ -9,6 +9,7 @@ from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
 from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import prepare_block
+from keras_xf.models.block_factory import serialize_block
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -28,7 +29,8 @@ class TransformerBackbone(FunctionalModel):
         num_heads: int (needed without `block`).
         intermediate_dim: int, `d_ffn` (needed without `block`).
         max_sequence_length: int, longest sequence (rows of a learned position table).
-        block: optional `TransformerBlock` template.
+        block: optional `TransformerBlock` template, or a list of templates used in turn
+            (a hybrid stack: layer `l` copies `block[l % len(block)]`).
         position: `"sinusoidal"`, `"learned"`, `"rotary"` (RoPE inside attention) or `"none"`.
         causal: bool, decoder-only when True.
         num_key_value_heads: int for MQA / GQA in the default block.
@@ -135,8 +137,7 @@ class TransformerBackbone(FunctionalModel):
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
         self.max_sequence_length = max_sequence_length
-        self.block = keras.saving.serialize_keras_object(block) if isinstance(
-            block, keras.layers.Layer) else block
+        self.block = serialize_block(block)
         self.position = position
         self.causal = causal
         self.num_key_value_heads = num_key_value_heads

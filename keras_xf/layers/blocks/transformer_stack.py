@@ -26,6 +26,15 @@ def _validate_sharing(share_attention_maps, template):
     return k
 
 
+def _serialize_templates(block):
+    """One serialised template, or a list of them for a hybrid stack."""
+    if not isinstance(block, (list, tuple)):
+        return serialize_layer(block)
+    if not block:
+        raise ValueError("block must be a block or a non-empty list of blocks. Received: block=[]")
+    return [serialize_layer(b) for b in block]
+
+
 @keras.saving.register_keras_serializable(package="keras_xf")
 class TransformerStack(keras.layers.Layer):
     """`H^l = Block_l(H^{l-1})` for `l = 1 … L`, each block a fresh copy of a template.
@@ -40,9 +49,14 @@ class TransformerStack(keras.layers.Layer):
     values, output projections and feedforwards but compute no scores. Cached decoding works
     as without sharing (the reused weights span the same cache positions).
 
+    Hybrid stacks: `block` may be a list of templates `[B_0, …, B_{m−1}]`; layer `l` is then
+    a fresh copy of `B_{l mod m}` (e.g. recurrent or averaging layers alternating with
+    self-attention layers, survey §5.5.2). The final normalisation follows the first template.
+
     Args:
-        block: a `TransformerBlock` (or any block with the same call) used as the template;
-            the template itself is not used and holds no weights of the stack.
+        block: a `TransformerBlock` (or any block with the same call) used as the template,
+            or a non-empty list of templates used in turn; the templates themselves are not
+            used and hold no weights of the stack.
         num_layers: int, `L`.
         final_norm: bool; `None` means "yes for a pre-norm template, no otherwise".
         share_attention_maps: int `k ≥ 1`, layers per group sharing one attention map
@@ -66,16 +80,20 @@ class TransformerStack(keras.layers.Layer):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"num_layers must be a positive int. Received: num_layers={num_layers}")
-        self._block_config = serialize_layer(block)
-        template = clone_layer(self._block_config)
+        self._block_config = _serialize_templates(block)
+        templates = self._templates()
+        template = clone_layer(templates[0])
         self.share_attention_maps = _validate_sharing(share_attention_maps, template)
+        for other in templates[1:]:
+            _validate_sharing(share_attention_maps, clone_layer(other))
         self.num_layers = num_layers
         norm_placement = getattr(template, "norm_placement", "post")
         self.final_norm = norm_placement == "pre" if final_norm is None else bool(final_norm)
         self.blocks = []
         dtype = keras.dtype_policies.serialize(self.dtype_policy)
         for index in range(num_layers):
-            self.blocks.append(clone_layer(self._block_config, name=f"block_{index}", dtype=dtype))
+            config = templates[index % len(templates)]
+            self.blocks.append(clone_layer(config, name=f"block_{index}", dtype=dtype))
         self.output_norm = None
         if self.final_norm:
             self.output_norm = make_normalization(
@@ -84,6 +102,11 @@ class TransformerStack(keras.layers.Layer):
                 self.dtype_policy,
                 "output_norm",
             )
+
+    def _templates(self):
+        """The serialised template configs: layer `l` is built from `templates[l % len]`."""
+        config = self._block_config
+        return config if isinstance(config, list) else [config]
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
         for block in self.blocks:
