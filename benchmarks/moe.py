@@ -44,7 +44,10 @@ def build(variant, tokens):
 
         layer = MixtralSparseMoeBlock(D, F, EXPERTS, top_k=TOP_K, router_aux_loss_coef=0.01)
     inputs = keras.Input((tokens, D), batch_size=1)
-    model = keras.Model(inputs, layer(inputs))
+    outputs = layer(inputs)
+    if isinstance(outputs, (tuple, list)):  # keras-hub's block also returns router logits
+        outputs = outputs[0]
+    model = keras.Model(inputs, outputs)
     model.compile(optimizer=keras.optimizers.SGD(1e-3), loss="mse")
     return model, layer
 
