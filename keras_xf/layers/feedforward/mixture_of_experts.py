@@ -159,7 +159,8 @@ class MixtureOfExperts(keras.layers.Layer):
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a float >= 0. Received: {name}={value}")
         if not isinstance(block_size, int) or block_size <= 0:
-            raise ValueError(f"block_size must be a positive int. Received: block_size={block_size}")
+            raise ValueError(
+                f"block_size must be a positive int. Received: block_size={block_size}")
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
         self.num_experts = num_experts
