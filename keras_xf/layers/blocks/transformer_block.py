@@ -205,13 +205,23 @@ class TransformerBlock(keras.layers.Layer):
                 "encoder_outputs was given to a TransformerBlock without cross_attention."
             )
 
-        outputs = self.feedforward_residual(outputs, training=training)
+        outputs = self.feedforward_residual(
+            outputs, training=training, **self._feedforward_kwargs(padding_mask, cache))
         results = (outputs,) if scores is None else (outputs, scores)
         if cache is None:
             return results[0] if len(results) == 1 else results
         if self.cross_attention is None:
             return results + (new_self_cache,)
         return results + ((new_self_cache, new_cross_cache),)
+
+    def _feedforward_kwargs(self, padding_mask, cache):
+        """The padding mask for a feedforward that uses one (`uses_padding_mask = True`, e.g.
+        `MixtureOfExperts`, where padding tokens must not take expert capacity)."""
+        if padding_mask is None or cache is not None:
+            return {}
+        if not getattr(self.feedforward, "uses_padding_mask", False):
+            return {}
+        return {"padding_mask": padding_mask}
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)

@@ -1,0 +1,359 @@
+"""Mixture of expert feedforward networks with sparse top-k dispatch (survey §4.4, §5.6)."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_xf.layers.feedforward.feed_forward import ACTIVATIONS
+from keras_xf.layers.feedforward.feed_forward import FeedForward
+from keras_xf.layers.feedforward.moe_statistics import RouterStatistics
+from keras_xf.layers.feedforward.router import Router
+from keras_xf.layers.feedforward.router import validate_routing
+from keras_xf.ops import moe as dispatch
+
+_GATED = {"swiglu": "silu", "geglu": "gelu"}
+
+
+def _activation(activation, hidden):
+    if activation == "gelu_tanh":
+        return keras.activations.gelu(hidden, approximate=True)
+    return getattr(keras.activations, _GATED.get(activation, activation))(hidden)
+
+
+def _stacked_initializer(initializer, num_experts, slices):
+    """Initialises `[M, a, b]` as `M` independent `[a, b]` matrices (fans of one expert), or,
+    for the slice form, as one `[a, M·b]` matrix (`W_h`) or `[M·a, b]` (`W_f`) cut in slices,
+    so that the sliced layer starts like the dense feedforward it splits."""
+    config = keras.initializers.serialize(initializer)
+
+    def fresh():
+        return keras.initializers.deserialize(config)
+
+    def initialize(shape, dtype=None):
+        experts, rows, cols = shape
+        if slices == "columns":
+            full = fresh()((rows, experts * cols), dtype=dtype)
+            return ops.transpose(ops.reshape(full, (rows, experts, cols)), (1, 0, 2))
+        if slices == "rows":
+            return ops.reshape(fresh()((experts * rows, cols), dtype=dtype), shape)
+        return ops.stack([fresh()((rows, cols), dtype=dtype) for _ in range(experts)])
+
+    return initialize
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class MixtureOfExperts(keras.layers.Layer):
+    """`H_out = Σ_{i∈π} g_i(H_in) · FFN_i(H_in)` with top-k routing (survey §4.4, §5.6).
+
+    A `Router` picks the `k` experts `π` of each token and their gates `g_i`; each token is
+    then processed by those `k` experts only (sparse dispatch: `k·N` expert evaluations for
+    `N` tokens, not `M·N`). With `capacity_factor` set, every expert has a fixed buffer of
+    `C = ceil(capacity_factor · k · N / M)` rows filled by a cumulative sum over the
+    assignments (all first choices before second choices); assignments beyond `C` are
+    dropped and contribute zero, so the residual connection carries those tokens. With
+    `capacity_factor=None` (dropless) each expert's rows are padded to whole blocks of
+    `block_size` rows and every assignment is computed; the experts' weights are gathered
+    per block. Padding tokens (`padding_mask`) take no rows.
+
+    Each expert is a feedforward `σ(h W_h^i + b_h^i) W_f^i + b_f^i` with any `FeedForward`
+    activation (GLU variants add `W_g^i`). `slices=True` gives the slice form of §4.4: one
+    feedforward of width `intermediate_dim` whose `W_h` (and `W_f`) are split into `M`
+    slices, each an expert of width `intermediate_dim / M`, with one shared output bias.
+    `num_shared_experts` always-on experts (each of the experts' width) are added to every
+    token with weight 1. The expert weights are stacked variables with a leading expert
+    axis named `expert_*` (`expert_kernel_in [M, d, f]`, `expert_kernel_out [M, f, d]`, …).
+
+    Auxiliary losses (added with `add_loss`, over non-padding tokens): the Switch
+    load-balancing loss `M · Σ_i f_i · P_i` (`f_i`: fraction of the `k·N` assignments routed
+    to expert `i`, `P_i`: mean router probability of expert `i`) times
+    `load_balance_weight`, and the router z-loss `mean(logsumexp(logits)²)` times
+    `z_loss_weight`. Router statistics are Keras metrics reported by `fit` and `evaluate`
+    (see `RouterStatistics`): `<path>/drop_rate` and `<path>/load_<i>` per expert.
+
+    Args:
+        num_experts: int, `M`.
+        intermediate_dim: int, the width of each expert (of the whole sliced feedforward
+            when `slices=True`, then divisible by `M`).
+        top_k: int in `[1, M]`.
+        activation: one of `FeedForward`'s activations.
+        capacity_factor: float > 0, or `None` for dropless dispatch.
+        num_shared_experts: int >= 0, always-on experts.
+        slices: bool, the slice form of §4.4.
+        load_balance_weight, z_loss_weight: floats >= 0, weights of the auxiliary losses.
+        router_order, normalize_top_k, noise_std, router_bias: `Router` options.
+        block_size: int, rows per block in dropless mode.
+        use_bias: bool, biases in the experts.
+        dropout: float in [0, 1), dropout on the experts' hidden layer.
+        kernel_initializer, bias_initializer: initializers.
+        seed: int, seed of the router noise.
+        **kwargs: base `Layer` arguments.
+
+    Call arguments:
+        inputs: `[B, T, d]` (or any `[..., d]`).
+        padding_mask: optional boolean `[B, T]`; padding tokens take no expert rows and
+            give zeros (plus the shared experts' output).
+        training: bool.
+
+    Returns:
+        `[..., d]`.
+
+    Example:
+    >>> moe = MixtureOfExperts(num_experts=4, intermediate_dim=32, top_k=2)
+    >>> y = moe(keras.random.normal((2, 5, 16)))  # (2, 5, 16)
+    """
+
+    def __init__(
+        self,
+        num_experts,
+        intermediate_dim,
+        top_k=2,
+        activation="relu",
+        capacity_factor=1.25,
+        num_shared_experts=0,
+        slices=False,
+        load_balance_weight=0.01,
+        z_loss_weight=0.001,
+        router_order="softmax_then_topk",
+        normalize_top_k=True,
+        noise_std=0.0,
+        router_bias=False,
+        block_size=128,
+        use_bias=True,
+        dropout=0.0,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        validate_routing(num_experts, top_k, router_order, noise_std, "router_order")
+        if not isinstance(intermediate_dim, int) or intermediate_dim <= 0:
+            raise ValueError(
+                f"intermediate_dim must be a positive int. Received: "
+                f"intermediate_dim={intermediate_dim}"
+            )
+        if slices and intermediate_dim % num_experts:
+            raise ValueError(
+                "With slices=True, num_experts must divide intermediate_dim. Received: "
+                f"intermediate_dim={intermediate_dim}, num_experts={num_experts}"
+            )
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {ACTIVATIONS}. Received: activation={activation!r}"
+            )
+        if capacity_factor is not None and (
+            not isinstance(capacity_factor, (int, float)) or capacity_factor <= 0
+        ):
+            raise ValueError(
+                "capacity_factor must be a positive float or None (dropless). Received: "
+                f"capacity_factor={capacity_factor}"
+            )
+        if not isinstance(num_shared_experts, int) or num_shared_experts < 0:
+            raise ValueError(
+                "num_shared_experts must be an int >= 0. Received: "
+                f"num_shared_experts={num_shared_experts}"
+            )
+        for name, value in (("load_balance_weight", load_balance_weight),
+                            ("z_loss_weight", z_loss_weight)):
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a float >= 0. Received: {name}={value}")
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(
+                f"block_size must be a positive int. Received: block_size={block_size}")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+        self.num_experts = num_experts
+        self.intermediate_dim = intermediate_dim
+        self.top_k = top_k
+        self.activation = activation
+        self.capacity_factor = None if capacity_factor is None else float(capacity_factor)
+        self.num_shared_experts = num_shared_experts
+        self.slices = bool(slices)
+        self.load_balance_weight = float(load_balance_weight)
+        self.z_loss_weight = float(z_loss_weight)
+        self.router_order = router_order
+        self.normalize_top_k = bool(normalize_top_k)
+        self.noise_std = float(noise_std)
+        self.router_bias = router_bias
+        self.block_size = block_size
+        self.use_bias = use_bias
+        self.dropout = dropout
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.seed = seed
+        self.expert_dim = intermediate_dim // num_experts if slices else intermediate_dim
+        self.router = Router(
+            num_experts, top_k, order=router_order, normalize_top_k=normalize_top_k,
+            noise_std=noise_std, use_bias=router_bias, seed=seed,
+            dtype=self.dtype_policy, name="router",
+        )
+        self.shared_experts = None
+        if num_shared_experts:
+            self.shared_experts = FeedForward(
+                num_shared_experts * self.expert_dim, activation=activation, use_bias=use_bias,
+                dropout=dropout, kernel_initializer=self.kernel_initializer,
+                bias_initializer=self.bias_initializer, dtype=self.dtype_policy,
+                name="shared_experts",
+            )
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.statistics = RouterStatistics(self, name=f"{self.name}_router_statistics")
+
+    # The block passes its padding mask to a feedforward that declares it uses one.
+    uses_padding_mask = True
+
+    def _expert_weight(self, name, shape, initializer):
+        return self.add_weight(name=name, shape=(self.num_experts,) + shape,
+                               initializer=initializer)
+
+    def build(self, inputs_shape):
+        width = inputs_shape[-1]
+        if width is None:
+            raise ValueError(
+                f"MixtureOfExperts needs a known last dimension. Received: "
+                f"inputs_shape={inputs_shape}"
+            )
+        m, f = self.num_experts, self.expert_dim
+        kernel = lambda form: _stacked_initializer(  # noqa: E731
+            self.kernel_initializer, m, form if self.slices else None)
+        bias = lambda: self.bias_initializer.__class__.from_config(  # noqa: E731
+            self.bias_initializer.get_config())
+        self.router.build(inputs_shape)
+        self.expert_kernel_in = self._expert_weight("expert_kernel_in", (width, f),
+                                                    kernel("columns"))
+        self.expert_kernel_gate = None
+        if self.activation in _GATED:
+            self.expert_kernel_gate = self._expert_weight("expert_kernel_gate", (width, f),
+                                                          kernel("columns"))
+        self.expert_kernel_out = self._expert_weight("expert_kernel_out", (f, width),
+                                                     kernel("rows"))
+        self.expert_bias_in = self.expert_bias_gate = None
+        self.expert_bias_out = self.output_bias = None
+        if self.use_bias:
+            self.expert_bias_in = self._expert_weight("expert_bias_in", (f,), bias())
+            if self.expert_kernel_gate is not None:
+                self.expert_bias_gate = self._expert_weight("expert_bias_gate", (f,), bias())
+            if self.slices:
+                self.output_bias = self.add_weight(name="output_bias", shape=(width,),
+                                                   initializer=bias())
+            else:
+                self.expert_bias_out = self._expert_weight("expert_bias_out", (width,), bias())
+        if self.shared_experts is not None:
+            self.shared_experts.build(inputs_shape)
+        self.statistics.build_variables(self)
+
+    def _experts(self, rows, block_expert=None, training=None):
+        """The expert feedforwards on `rows [G, R, d]`: group `g` is expert `g`, or expert
+        `block_expert[g]` (weights gathered per block)."""
+
+        def weight(variable):
+            if variable is None:
+                return None
+            return variable if block_expert is None else ops.take(variable, block_expert, 0)
+
+        hidden = ops.einsum("grd,gdf->grf", rows, weight(self.expert_kernel_in))
+        if self.expert_bias_in is not None:
+            hidden = hidden + weight(self.expert_bias_in)[:, None, :]
+        if self.expert_kernel_gate is not None:
+            gate = ops.einsum("grd,gdf->grf", rows, weight(self.expert_kernel_gate))
+            if self.expert_bias_gate is not None:
+                gate = gate + weight(self.expert_bias_gate)[:, None, :]
+            hidden = _activation(self.activation, gate) * hidden
+        else:
+            hidden = _activation(self.activation, hidden)
+        hidden = self.dropout_layer(hidden, training=training)
+        outputs = ops.einsum("grf,gfd->grd", hidden, weight(self.expert_kernel_out))
+        if self.expert_bias_out is not None:
+            outputs = outputs + weight(self.expert_bias_out)[:, None, :]
+        return outputs
+
+    def call(self, inputs, padding_mask=None, training=None):
+        width = self.expert_kernel_in.shape[1]
+        if inputs.shape[-1] is not None and inputs.shape[-1] != width:
+            raise ValueError(
+                f"MixtureOfExperts was built for width {width}. Received: "
+                f"inputs.shape={tuple(inputs.shape)}"
+            )
+        lead = ops.shape(inputs)[:-1]
+        tokens = ops.reshape(inputs, (-1, width))
+        num_tokens = ops.shape(tokens)[0]
+        valid = ops.ones((num_tokens,), "bool")
+        if padding_mask is not None:
+            valid = ops.reshape(ops.cast(padding_mask, "bool"), (-1,))
+        expert_index, gates, probabilities, logits = self.router(tokens, training=training)
+        valid_k = ops.broadcast_to(valid[:, None], ops.shape(expert_index))
+        m = self.num_experts
+        if self.capacity_factor is not None:
+            capacity = dispatch.expert_capacity(num_tokens, m, self.top_k, self.capacity_factor)
+            slots, kept, counts = dispatch.capacity_slots(expert_index, valid_k, m, capacity)
+            rows, _ = dispatch.gather_rows(tokens, slots, m * capacity)
+            outputs = self._experts(ops.reshape(rows, (m, capacity, width)), training=training)
+            outputs = ops.reshape(outputs, (m * capacity, width))
+        else:
+            block = self.block_size
+            if isinstance(num_tokens, int):
+                block = min(block, num_tokens)
+                num_blocks = math.ceil((self.top_k * num_tokens + m * (block - 1)) / block)
+            else:
+                num_blocks = (self.top_k * num_tokens + m * (block - 1) + block - 1) // block
+            slots, block_expert, counts = dispatch.dropless_slots(
+                expert_index, valid_k, m, block, num_blocks)
+            kept = dispatch.choice_major(valid_k)
+            rows, _ = dispatch.gather_rows(tokens, slots, num_blocks * block)
+            outputs = self._experts(ops.reshape(rows, (num_blocks, block, width)),
+                                    block_expert, training=training)
+            outputs = ops.reshape(outputs, (num_blocks * block, width))
+        outputs = dispatch.combine_rows(outputs, slots, gates)
+        if self.output_bias is not None:
+            outputs = outputs + self.output_bias
+        if self.shared_experts is not None:
+            outputs = outputs + self.shared_experts(tokens, training=training)
+        outputs = ops.reshape(outputs, tuple(lead) + (width,))
+        self._add_router_losses(probabilities, logits, counts, valid)
+        self.statistics.record(counts, kept, valid_k)
+        return outputs
+
+    def _add_router_losses(self, probabilities, logits, counts, valid):
+        weights = ops.cast(valid, "float32")
+        num_valid = ops.maximum(ops.sum(weights), 1.0)
+        if self.load_balance_weight > 0:
+            fraction = ops.cast(counts, "float32") / (num_valid * self.top_k)
+            mean_probability = ops.sum(probabilities * weights[:, None], axis=0) / num_valid
+            balance = self.num_experts * ops.sum(fraction * mean_probability)
+            self.add_loss(self.load_balance_weight * balance)
+        if self.z_loss_weight > 0:
+            z = ops.square(ops.logsumexp(logits, axis=-1))
+            self.add_loss(self.z_loss_weight * ops.sum(z * weights) / num_valid)
+
+    def compute_output_shape(self, inputs_shape, padding_mask_shape=None):
+        return tuple(inputs_shape)
+
+    def compute_output_spec(self, inputs, padding_mask=None, training=None):
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_experts": self.num_experts,
+                "intermediate_dim": self.intermediate_dim,
+                "top_k": self.top_k,
+                "activation": self.activation,
+                "capacity_factor": self.capacity_factor,
+                "num_shared_experts": self.num_shared_experts,
+                "slices": self.slices,
+                "load_balance_weight": self.load_balance_weight,
+                "z_loss_weight": self.z_loss_weight,
+                "router_order": self.router_order,
+                "normalize_top_k": self.normalize_top_k,
+                "noise_std": self.noise_std,
+                "router_bias": self.router_bias,
+                "block_size": self.block_size,
+                "use_bias": self.use_bias,
+                "dropout": self.dropout,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "seed": self.seed,
+            }
+        )
+        return config
