@@ -8,7 +8,8 @@ fresh instance with the same initial weights under `ModelParallel(layout_map=lay
 (vocabulary-sharded embedding), recording the losses of both and every variable's sharding
 spec; then the same under `DataParallel`. Records the sharding of a `TextClassifier` built
 under a width-sharded layout map, and of a model holding mixture-of-experts style
-`expert_*` weights on an `expert` mesh axis. Writes the results as JSON for
+`expert_*` weights on an `expert` mesh axis, and trains a `CausalLM` whose blocks are
+`MixtureOfExperts` with its experts on the model axis. Writes the results as JSON for
 `tests/test_distribution.py`.
 """
 
@@ -23,6 +24,9 @@ import numpy as np  # noqa: E402
 
 from keras_xf.distribution import layout_map  # noqa: E402
 from keras_xf.distribution import variable_axes  # noqa: E402
+from keras_xf.layers import MixtureOfExperts  # noqa: E402
+from keras_xf.layers import MultiHeadAttention  # noqa: E402
+from keras_xf.layers import TransformerBlock  # noqa: E402
 from keras_xf.models import CausalLM  # noqa: E402
 from keras_xf.models import TextClassifier  # noqa: E402
 
@@ -122,6 +126,13 @@ def main(out_path):
 
     results["causal_lm"], (weights, x, y) = _run(causal_lm, mesh, "vocabulary")
     results["text_classifier"], _ = _run(classifier, mesh, "width", train=False)
+
+    def moe_lm():  # 4 experts on the 4 devices of the model axis (the mesh has no expert axis)
+        block = TransformerBlock(MultiHeadAttention(4), MixtureOfExperts(4, 16, top_k=2),
+                                 norm_placement="pre")
+        return CausalLM(block=block, **SIZES)
+
+    results["moe_lm"], _ = _run(moe_lm, mesh, "vocabulary")
 
     with keras.distribution.DataParallel(devices=devices).scope():
         data_parallel = _train(causal_lm(), weights, x, y)

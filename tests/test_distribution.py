@@ -184,3 +184,14 @@ def test_expert_weights_are_sharded_on_the_expert_mesh_axis(distributed):
         "experts/expert_kernel_out": ["expert", None, None],
         "experts/router_kernel": [None, None],
     }
+
+
+@jax_only
+def test_mixture_of_experts_fit_shards_experts_and_matches_one_device(distributed):
+    run = distributed["moe_lm"]
+    np.testing.assert_allclose(run["sharded"], run["single"], rtol=1e-5, atol=1e-6)
+    experts = {p: a for p, a in run["declared"].items() if "/expert_" in p}
+    assert {p.rsplit("/", 1)[1] for p in experts} >= {"expert_kernel_in", "expert_kernel_out"}
+    assert all(axes[0] == "model" for axes in experts.values()), experts
+    for path, spec in run["specs"].items():
+        assert spec == run["declared"].get(path, [None] * len(spec)), path
