@@ -17,8 +17,8 @@ Run (any backend):
     python examples/vit_digits.py --epochs 1 --steps 2 --hidden-dim 16   # smoke test
 
 With the defaults (30 epochs of 45 steps, 103k parameters) test accuracy was 97.2% on JAX
-(chance is 10%), in 5.5 minutes on a heavily shared 2-core CPU (about 100 ms a step; a quiet
-machine is several times faster).
+(5.5 minutes) and 96.1% on PyTorch (4.2 minutes) on a heavily shared 2-core CPU (chance is
+10%); `--pooling mean` gave 96.7% on PyTorch, and 50 epochs 96.4%.
 """
 
 import argparse
