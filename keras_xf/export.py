@@ -5,7 +5,8 @@ sequence (`token_ids`, `padding_mask`, `segment_ids`; or `encoder_…` / `decode
 their batch and length. Keras' own `model.export` does not know that: on JAX it gives every
 `None` dimension its own symbol, so attention cannot broadcast a `[batch, a]` padding mask
 against `[batch, b]` queries. The helpers here declare the shared dimensions and otherwise use
-what Keras supports on each backend:
+what Keras supports on each backend. Inputs whose dimensions after the batch are static
+(`images` `[batch, H, W, C]` of a `VisionClassifier`) keep only the batch dynamic.
 
 | backend    | `export_saved_model`          | `export_onnx`                    | `export_torch` |
 |------------|-------------------------------|----------------------------------|----------------|
@@ -185,10 +186,14 @@ def sequence_dimensions(model):
     """`{input name: (batch symbol, length symbol)}`: inputs of one sequence share a symbol.
 
     `token_ids` / `padding_mask` → `("batch", "length")`; `encoder_token_ids` →
-    `("batch", "encoder_length")`; an input with another name gets a length of its own.
+    `("batch", "encoder_length")`; an input with another name gets a length of its own; an
+    input of rank above 2 with static trailing dimensions (`images`) → `("batch",)`.
     """
     dims = {}
-    for name in _dict_inputs(model):
+    for name, tensor in _dict_inputs(model).items():
+        if len(tensor.shape) > 2:
+            dims[name] = ("batch",)  # a fixed-shape input (images): only the batch is free
+            continue
         for suffix in SEQUENCE_INPUT_SUFFIXES:
             if name.endswith(suffix):
                 dims[name] = ("batch", f"{name[: -len(suffix)]}length")
@@ -209,18 +214,23 @@ def _dict_inputs(model):
             f"Received inputs: {inputs!r}; use `model.export` directly."
         )
     for name, tensor in inputs.items():
-        if len(tensor.shape) != 2:
+        fixed_shape = len(tensor.shape) > 2 and None not in tensor.shape[1:]
+        if len(tensor.shape) != 2 and not fixed_shape:
             raise ValueError(
-                "keras_xf.export expects [batch, length] inputs. "
-                f"Received: {name} with shape {tensor.shape}"
+                "keras_xf.export expects [batch, length] inputs, or inputs whose dimensions "
+                f"after the batch are static (images). Received: {name} with shape {tensor.shape}"
             )
     return inputs
 
 
 def _polymorphic_shapes(model):
     """jax2tf `polymorphic_shapes` for the dict argument, e.g. `"(batch, length)"`."""
-    dims = sequence_dimensions(model)
-    return {name: f"({batch}, {length})" for name, (batch, length) in dims.items()}
+    inputs = _dict_inputs(model)
+    shapes = {}
+    for name, dims in sequence_dimensions(model).items():
+        static = [str(size) for size in inputs[name].shape[len(dims):]]
+        shapes[name] = f"({', '.join(list(dims) + static)})"
+    return shapes
 
 
 def _length_constraints(model):
@@ -229,7 +239,7 @@ def _length_constraints(model):
     max_length = _max_length(model)
     if max_length is None:
         return ()
-    lengths = sorted({length for _, length in sequence_dimensions(model).values()})
+    lengths = sorted({dims[1] for dims in sequence_dimensions(model).values() if len(dims) > 1})
     return tuple(f"{length} <= {max_length}" for length in lengths)
 
 
@@ -248,11 +258,17 @@ def _torch_dynamic_shapes(model):
     sample_length = 3 if max_length is None else min(3, max_length)
     symbols = {"batch": torch.export.Dim("batch", min=1)}
     shapes, sample = {}, {}
-    for name, (batch, length) in sequence_dimensions(model).items():
+    for name, dims in sequence_dimensions(model).items():
+        tensor = _dict_inputs(model)[name]
+        dtype = getattr(torch, keras.backend.standardize_dtype(tensor.dtype))
+        if len(dims) == 1:  # a fixed-shape input: only the batch is dynamic
+            shapes[name] = {0: symbols[dims[0]]}
+            sample[name] = torch.ones((2,) + tuple(tensor.shape[1:]), dtype=dtype)
+            continue
+        batch, length = dims
         if length not in symbols:
             symbols[length] = torch.export.Dim(length, min=1, max=max_length)
         shapes[name] = {0: symbols[batch], 1: symbols[length]}
-        dtype = getattr(torch, keras.backend.standardize_dtype(_dict_inputs(model)[name].dtype))
         sample[name] = torch.ones((2, sample_length), dtype=dtype)
     return shapes, sample
 

@@ -37,6 +37,11 @@ TINY_RUNS = {
         ["validation perplexity", "sample:", "saved", "exported"],
     ),
     "export_savedmodel.py": (["--steps", "2", "--output", "{tmp}"], ["outputs match"]),
+    "vit_digits.py": (
+        ["--epochs", "1", "--steps", "2", "--batch-size", "16", "--num-layers", "1",
+         "--hidden-dim", "16", "--num-heads", "2", "--intermediate-dim", "32", "--verbose", "0"],
+        ["test accuracy", "time:"],
+    ),
 }
 TIMEOUT_SECONDS = 300  # generous: the machine may be shared; a tiny run takes well under 30 s.
 

@@ -29,3 +29,16 @@ def test_quick_start_runs(capsys):
     model = namespace["model"]
     logits = model.predict(namespace["tokens"][:2, :-1], verbose=0)
     assert np.all(np.isfinite(logits))
+
+
+def test_vision_snippet_runs():
+    """The ```python block of the "Vision" section: a five-line ViT."""
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    match = re.search(r"^## Vision\n.*?^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    assert match, "README.md has no Vision snippet"
+    lines = [line for line in match.group(1).splitlines() if line.strip()]
+    assert len(lines) <= 6, f"the ViT snippet has {len(lines)} lines"
+    namespace = {"__name__": "readme_vision"}
+    exec(compile(match.group(1), README, "exec"), namespace)
+    assert namespace["vit"].count_params() > 0

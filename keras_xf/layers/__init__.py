@@ -19,8 +19,10 @@ from keras_xf.layers.attention.relative_position_bias import RelativePositionBia
 from keras_xf.layers.attention.relative_position_embedding import RelativePositionEmbedding
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
+from keras_xf.layers.embeddings.class_token import ClassToken
 from keras_xf.layers.embeddings.learned_position_embedding import LearnedPositionEmbedding
 from keras_xf.layers.embeddings.patch_embedding import PatchEmbedding
+from keras_xf.layers.embeddings.patch_position_embedding import PatchPositionEmbedding
 from keras_xf.layers.embeddings.rotary_embedding import RotaryEmbedding
 from keras_xf.layers.embeddings.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding

@@ -8,4 +8,6 @@ from keras_xf.models.seq2seq_lm import Seq2SeqLM
 from keras_xf.models.text_classifier import TextClassifier
 from keras_xf.models.text_encoder import TextEncoder
 from keras_xf.models.transformer_backbone import TransformerBackbone
+from keras_xf.models.vision_backbone import VisionBackbone
+from keras_xf.models.vision_classifier import VisionClassifier
 from keras_xf.models.vision_language_encoder import VisionLanguageEncoder

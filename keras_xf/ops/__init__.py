@@ -20,6 +20,7 @@ from keras_xf.ops.positions import relative_position_buckets
 from keras_xf.ops.positions import rotary_angles
 from keras_xf.ops.positions import sinusoid_inverse_frequencies
 from keras_xf.ops.positions import sinusoid_table
+from keras_xf.ops.positions import sinusoid_table_2d
 from keras_xf.ops.scan import associative_scan
 from keras_xf.ops.scan import chunked_scan
 from keras_xf.ops.scan import linear_recurrence

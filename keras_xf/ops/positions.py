@@ -41,6 +41,39 @@ def sinusoid_table(positions, dim, base=10000.0):
     return table[..., :dim]
 
 
+def sinusoid_table_2d(rows, cols, dim, base=10000.0):
+    """The 2-D sinusoidal table of a `rows × cols` patch grid (survey §6.4 with §2.2).
+
+    Patch `n = r · cols + c` (row-major, as `PatchEmbedding` orders patches) is encoded by
+    the 1-D sinusoid of its row in the first `d/2` features and of its column in the last
+    `d/2`: `PE₂(n) = [PE_{d/2}(r), PE_{d/2}(c)]`, each half interleaving `sin` / `cos` as in
+    `sinusoid_table` (with `ω_k = base^(-2k/(d/2))`).
+
+    Args:
+        rows: int, the grid height `H/P`.
+        cols: int, the grid width `W/P`.
+        dim: even int, the encoding width `d`.
+        base: the base `b`.
+
+    Returns:
+        float32 tensor `[rows · cols, d]`.
+
+    Example:
+    >>> sinusoid_table_2d(2, 3, 8).shape  # (6, 8)
+    """
+    for name, value in (("rows", rows), ("cols", cols), ("dim", dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
+    if dim % 2:
+        raise ValueError(f"dim must be even (half for rows, half for columns). Received: dim={dim}")
+    half = dim // 2
+    row_ids = ops.repeat(ops.arange(rows, dtype="int32"), cols)
+    col_ids = ops.tile(ops.arange(cols, dtype="int32"), [rows])
+    return ops.concatenate(
+        [sinusoid_table(row_ids, half, base), sinusoid_table(col_ids, half, base)], axis=-1
+    )
+
+
 def rotary_angles(positions, head_dim, base=10000.0, scaling_factor=1.0):
     """Rotation angles `θ_{j,k} = (j / scaling_factor) · base^(-2k/head_dim)`, `[..., head_dim/2]`."""
     frequencies = sinusoid_inverse_frequencies(head_dim, base)

@@ -1,0 +1,78 @@
+"""The learnable `[CLS]` token of the Vision Transformer (survey §6.4)."""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class ClassToken(keras.layers.Layer):
+    """Prepends one learned vector `x_cls ∈ R^d` to every sequence: `[x_cls, e_1, …, e_N]`.
+
+    Survey §6.4: the Vision Transformer represents the image by the encoder output at the
+    first position; with a `[CLS]` token that position holds no patch, only a learned vector
+    that gathers the patches through attention. The token carries no position embedding of
+    its own (being always at position 0, its learned value is its position).
+
+    Args:
+        initializer: initializer for the token (zeros, as in the original ViT).
+        **kwargs: base `Layer` arguments.
+
+    Call arguments:
+        inputs: `[B, N, d]` patch (or token) embeddings.
+        padding_mask: optional boolean `[B, N]`; when given the layer also returns the mask
+            extended by one real position, `[B, N + 1]`.
+
+    Returns:
+        `[B, N + 1, d]` in the compute dtype, or `(outputs, padding_mask)` when a mask is
+        given.
+
+    Example:
+    >>> patches = keras.random.normal((2, 16, 32))
+    >>> ClassToken()(patches).shape  # (2, 17, 32)
+    """
+
+    def __init__(self, initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.initializer = keras.initializers.get(initializer)
+
+    def build(self, inputs_shape, padding_mask_shape=None):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "ClassToken expects inputs of rank 3 [batch, length, dim] with a static dim. "
+                f"Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        self.token = self.add_weight(
+            name="token", shape=(1, 1, inputs_shape[-1]), initializer=self.initializer
+        )
+
+    def call(self, inputs, padding_mask=None):
+        shape = ops.shape(inputs)
+        token = ops.cast(self.token, self.compute_dtype)
+        token = ops.broadcast_to(token, (shape[0], 1, shape[2]))
+        outputs = ops.concatenate([token, ops.cast(inputs, self.compute_dtype)], axis=1)
+        if padding_mask is None:
+            return outputs
+        padding_mask = ops.cast(padding_mask, "bool")
+        first = ops.ones((shape[0], 1), dtype="bool")
+        return outputs, ops.concatenate([first, padding_mask], axis=1)
+
+    def compute_output_shape(self, inputs_shape, padding_mask_shape=None):
+        length = None if inputs_shape[1] is None else inputs_shape[1] + 1
+        outputs = (inputs_shape[0], length, inputs_shape[2])
+        if padding_mask_shape is None:
+            return outputs
+        return outputs, (inputs_shape[0], length)
+
+    def compute_output_spec(self, inputs, padding_mask=None):
+        shape = self.compute_output_shape(
+            inputs.shape, None if padding_mask is None else padding_mask.shape
+        )
+        if padding_mask is None:
+            return keras.KerasTensor(shape, dtype=self.compute_dtype)
+        return (keras.KerasTensor(shape[0], dtype=self.compute_dtype),
+                keras.KerasTensor(shape[1], dtype="bool"))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"initializer": keras.initializers.serialize(self.initializer)})
+        return config
