@@ -42,6 +42,12 @@ TINY_RUNS = {
          "--hidden-dim", "16", "--num-heads", "2", "--intermediate-dim", "32", "--verbose", "0"],
         ["test accuracy", "time:"],
     ),
+    "long_range.py": (
+        ["--mixer", "gated_linear", "--sequence-length", "16", "--pairs", "2", "--steps", "2",
+         "--eval-examples", "4", "--batch-size", "4", "--num-layers", "1", "--hidden-dim", "16",
+         "--num-heads", "2", "--intermediate-dim", "16", "--verbose", "0"],
+        ["gated_linear: held-out accuracy", "time:"],
+    ),
 }
 TIMEOUT_SECONDS = 300  # generous: the machine may be shared; a tiny run takes well under 30 s.
 

@@ -64,8 +64,12 @@ def causal_linear_attention(qf, kf, values, log_decay=None, scale=None, state=No
     if log_decay is not None:
         log_decay = padded(log_decay)
 
+    # A static chunk count where the length is static (with -1, TensorFlow loses it when the
+    # batch size is unknown, and the scan across chunks needs it).
+    chunks = -1 if length is None else (length + pad) // chunk
+
     def chunked(t):
-        return ops.reshape(t, (batch, -1, chunk) + tuple(t.shape[2:]))
+        return ops.reshape(t, (batch, chunks, chunk) + tuple(t.shape[2:]))
 
     qf, kf, values = chunked(qf), chunked(kf), chunked(values)
     positions = ops.arange(chunk)
