@@ -4,11 +4,12 @@ state, a key-value cache grows with the context (survey §5.5.2, §5.5.3).
     KERAS_BACKEND=jax python -m benchmarks.decode_speed [--contexts 256,1024,4096]
 
 A tiny `CausalLM` (2 layers, width 64, 4 heads, FFN 128, vocabulary 256) per mixer; for each
-context `P`, greedy `CausalLM.generate` of a prompt of `P` tokens continued by `G₁` and by
-`G₂` new tokens (each shape compiled and warmed up first); the time per generated token is
-`(t(P + G₂) − t(P + G₁)) / (G₂ − G₁)`, the median over repeats, so that the prompt pass and
-the loop's set-up cancel. The cache size is that of `CausalLM.init_cache(1, P + G₂)`, in
-bytes. Prints a table with the ratios to the shortest context and writes
+context `n`, greedy `CausalLM.generate` from a one-token prompt to `n` tokens (compiled and
+warmed up first), so the loop decodes `n − 1` tokens one at a time against a cache of `n`
+positions. The time per token is the median over repeats of the loop's time divided by
+`n − 1`: a key-value cache is read in full at every step (its cost grows with `n`), a
+recurrent state is not. The cache size is that of `CausalLM.init_cache(1, n)`, in bytes.
+Prints a table with the ratios to the shortest context and writes
 `benchmarks/results/decode_speed_<backend>.json`. Never run by the test suite.
 """
 
@@ -20,7 +21,6 @@ import statistics
 import time
 
 CONTEXTS = (256, 1024, 4096)
-FEW, MANY = 8, 72
 VOCABULARY, LAYERS, WIDTH, HEADS, FFN = 256, 2, 64, 4, 128
 
 
@@ -48,6 +48,15 @@ def _ssm(selective):
     return make
 
 
+def _layer(name, *args, **kwargs):
+    def make():
+        import keras_xf.layers
+
+        return getattr(keras_xf.layers, name)(*args, **kwargs)
+
+    return make
+
+
 # name -> factory of a causal mixer with the cache protocol. One line per mixer.
 MIXERS = {
     "attention_kv_cache": _attention,
@@ -55,6 +64,12 @@ MIXERS = {
     "gated_linear": _linear("gated"),
     "ssm": _ssm(False),
     "selective_ssm": _ssm(True),
+    "depthwise_conv": _layer("DepthwiseConvolution", 4, causal=True),
+    "lightweight_conv": _layer("LightweightConvolution", 31, HEADS, causal=True),
+    "dynamic_conv": _layer("DynamicConvolution", 31, HEADS, causal=True),
+    "conformer_conv": _layer("ConformerConvolution", 31, causal=True, normalization="layer_norm"),
+    "lstm": _layer("RecurrentMixer", "lstm"),
+    "average_attention": _layer("AverageAttention"),
 }
 
 
@@ -82,26 +97,21 @@ def measure(mixer, context, repeats):
     import keras
     import numpy as np
 
-    lm = build_lm(mixer, context + MANY)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(1, VOCABULARY, size=(1, context)).astype("int32")
-    runs = {}
-    for new in (FEW, MANY):
-        def run(new=new):
-            return lm.generate(prompt, max_length=context + new)
+    lm = build_lm(mixer, context)
+    prompt = np.ones((1, 1), "int32")
 
-        run()  # compile and warm up this shape
-        runs[new] = run
-    times = {FEW: [], MANY: []}
+    def run():
+        return keras.tree.map_structure(np.asarray, lm.generate(prompt, max_length=context))
+
+    run()  # compile and warm up
+    times = []
     for _ in range(repeats):
-        for new, run in runs.items():
-            start = time.perf_counter()
-            keras.tree.map_structure(np.asarray, run())
-            times[new].append(time.perf_counter() - start)
-    per_token = [(b - a) / (MANY - FEW) for a, b in zip(times[FEW], times[MANY])]
-    return {"mixer": mixer, "context": context, "ms_per_token": 1e3 * statistics.median(per_token),
-            "ms_per_token_all": [1e3 * t for t in per_token],
-            "cache_bytes": cache_bytes(lm.init_cache(1, context + MANY))}
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) / (context - 1))
+    return {"mixer": mixer, "context": context, "ms_per_token": 1e3 * statistics.median(times),
+            "ms_per_token_all": [1e3 * t for t in times],
+            "cache_bytes": cache_bytes(lm.init_cache(1, context))}
 
 
 def main():
@@ -139,7 +149,7 @@ def main():
     text = "\n".join(lines)
     load = os.getloadavg()
     print(f"\nbackend {backend}, greedy generate, batch 1, {LAYERS} layers of width {WIDTH}, "
-          f"per token over {MANY - FEW} extra tokens; load average {load[0]:.1f}\n" + text)
+          f"one-token prompt; load average {load[0]:.1f}\n" + text)
     output = pathlib.Path(args.output or pathlib.Path(__file__).parent / "results" /
                           f"decode_speed_{backend}.json")
     output.write_text(json.dumps({"backend": backend, "load_average_at_end": load,

@@ -50,6 +50,15 @@ def _ssm(selective):
     return make
 
 
+def _layer(name, *args, **kwargs):
+    def make():
+        import keras_xf.layers
+
+        return getattr(keras_xf.layers, name)(*args, **kwargs)
+
+    return make
+
+
 # name -> factory of a causal mixer taking [B, n, WIDTH]. One line per mixer.
 MIXERS = {
     "attention": _attention,
@@ -57,6 +66,12 @@ MIXERS = {
     "gated_linear": _linear("gated"),
     "ssm": _ssm(False),
     "selective_ssm": _ssm(True),
+    "depthwise_conv": _layer("DepthwiseConvolution", 4, causal=True),
+    "lightweight_conv": _layer("LightweightConvolution", 31, HEADS, causal=True),
+    "dynamic_conv": _layer("DynamicConvolution", 31, HEADS, causal=True),
+    "conformer_conv": _layer("ConformerConvolution", 31, causal=True, normalization="layer_norm"),
+    "lstm": _layer("RecurrentMixer", "lstm"),
+    "average_attention": _layer("AverageAttention"),
 }
 
 
