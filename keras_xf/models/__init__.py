@@ -10,3 +10,4 @@ from keras_xf.models.text_encoder import TextEncoder
 from keras_xf.models.transformer_backbone import TransformerBackbone
 from keras_xf.models.vision_backbone import VisionBackbone
 from keras_xf.models.vision_classifier import VisionClassifier
+from keras_xf.models.vision_language_lm import VisionLanguageLM
