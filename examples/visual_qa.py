@@ -19,8 +19,9 @@ Run (any backend):
     KERAS_BACKEND=jax python examples/visual_qa.py --fusion both
     python examples/visual_qa.py --max-train-images 64 --epochs 1 --eval-images 8  # smoke test
 
-With the defaults the exact-answer accuracy on the held-out images is above 90% for both
-forms (see the closing note of the project for the figures per backend).
+Measured so far (JAX, a heavily shared 2-core CPU): with `--epochs 12 --questions-per-image 4`
+the prefix form answered 48.8% of the held-out questions exactly; longer training (the
+defaults: 40 epochs, 6 questions per image) is what the 90% target needs.
 """
 
 import argparse
@@ -54,7 +55,7 @@ def parse_args(argv=None):
     parser.add_argument("--eval-images", type=int, default=None,
                         help="answer questions about at most this many test images")
     parser.add_argument("--test-fraction", type=float, default=0.2)
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--patch-size", type=int, default=2)
     parser.add_argument("--num-layers", type=int, default=2)
@@ -174,7 +175,7 @@ def train_and_answer(fusion, args, train, test):
               verbose=args.verbose)
 
     pictures, prompts, answers = make_test_set(*test, rng)
-    correct = 0
+    correct, shown = 0, []
     chunk = 512
     for start in range(0, len(prompts), chunk):
         batch_prompts = prompts[start : start + chunk]
@@ -183,11 +184,13 @@ def train_and_answer(fusion, args, train, test):
             max_length=MAX_LENGTH, stop_token_ids=[END],
         )
         for row, prompt, answer in zip(generated, batch_prompts, answers[start : start + chunk]):
-            correct += answer_words(row, len(prompt)) == answer
+            given = answer_words(row, len(prompt))
+            correct += given == answer
+            if len(shown) < NUM_KINDS:
+                shown.append((" ".join(VOCABULARY[t] for t in prompt[:-1]), given, answer))
     accuracy = correct / len(prompts)
-    for prompt, answer, row in list(zip(prompts, answers, generated))[:3]:
-        question = " ".join(VOCABULARY[t] for t in prompt[:-1])
-        print(f"  {question!r}: answered {answer_words(row, len(prompt))!r}, true {answer!r}")
+    for question, given, answer in shown:
+        print(f"  {question!r}: answered {given!r}, true {answer!r}")
     print(f"{fusion} exact-answer accuracy: {accuracy:.4f} ({len(prompts)} questions)")
     return accuracy
 
