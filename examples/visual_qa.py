@@ -19,9 +19,10 @@ Run (any backend):
     KERAS_BACKEND=jax python examples/visual_qa.py --fusion both
     python examples/visual_qa.py --max-train-images 64 --epochs 1 --eval-images 8  # smoke test
 
-Measured so far (JAX, a heavily shared 2-core CPU): with `--epochs 12 --questions-per-image 4`
-the prefix form answered 48.8% of the held-out questions exactly; longer training (the
-defaults: 40 epochs, 6 questions per image) is what the 90% target needs.
+Measured so far (JAX, a heavily shared 2-core CPU): `--epochs 12 --questions-per-image 4`
+gave 48.8% (prefix) and 60.8% (cross-attention) exact answers in 6 minutes for both;
+`--fusion cross_attention --epochs 30 --learning-rate 3e-3` gave 60.1% (training accuracy
+had levelled off), short of the 90% target.
 """
 
 import argparse
