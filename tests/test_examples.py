@@ -48,6 +48,13 @@ TINY_RUNS = {
          "--num-heads", "2", "--intermediate-dim", "16", "--verbose", "0"],
         ["gated_linear: held-out accuracy", "time:"],
     ),
+    "visual_qa.py": (
+        ["--fusion", "both", "--max-train-images", "32", "--questions-per-image", "2",
+         "--eval-images", "4", "--epochs", "1", "--batch-size", "32", "--num-layers", "1",
+         "--hidden-dim", "16", "--num-heads", "2", "--intermediate-dim", "32",
+         "--verbose", "0"],
+        ["prefix exact-answer accuracy", "cross_attention exact-answer accuracy", "time:"],
+    ),
 }
 TIMEOUT_SECONDS = 300  # generous: the machine may be shared; a tiny run takes well under 30 s.
 

@@ -42,5 +42,7 @@ from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.attention.branch_mix import BranchMix
 from keras_xf.layers.attention.perceiver_resampler import PerceiverResampler
+from keras_xf.layers.attention.prefix_attention_mask import PrefixAttentionMask
+from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
 from keras_xf.layers.feedforward.mixture_of_experts import MixtureOfExperts
 from keras_xf.layers.feedforward.router import Router

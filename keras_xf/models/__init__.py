@@ -11,3 +11,4 @@ from keras_xf.models.transformer_backbone import TransformerBackbone
 from keras_xf.models.vision_backbone import VisionBackbone
 from keras_xf.models.vision_classifier import VisionClassifier
 from keras_xf.models.vision_language_encoder import VisionLanguageEncoder
+from keras_xf.models.vision_language_lm import VisionLanguageLM
