@@ -36,7 +36,7 @@ from keras_xf.models import VisionClassifier  # noqa: E402
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--patch-size", type=int, default=2, choices=(1, 2, 4, 8))
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--steps", type=int, default=None,
                         help="steps per epoch (default: one pass over the training images)")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -45,8 +45,8 @@ def parse_args(argv=None):
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--intermediate-dim", type=int, default=128)
     parser.add_argument("--positions", default="learned", choices=("learned", "sinusoidal_2d"))
-    parser.add_argument("--pooling", default="cls", choices=("cls", "mean"))
-    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--pooling", default="mean", choices=("cls", "mean"))
+    parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--learning-rate", type=float, default=2e-3, help="peak learning rate")
     parser.add_argument("--augment", action="store_true",
                         help="add the one-pixel shifts of the training images")
