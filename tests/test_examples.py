@@ -44,7 +44,7 @@ TINY_RUNS = {
     ),
     "long_range.py": (
         ["--mixer", "gated_linear", "--sequence-length", "16", "--pairs", "2", "--steps", "2",
-         "--eval-examples", "4", "--batch-size", "4", "--num-layers", "1", "--hidden-dim", "16",
+         "--eval-examples", "4", "--batch-size", "4", "--num-layers", "2", "--hidden-dim", "16",
          "--num-heads", "2", "--intermediate-dim", "16", "--verbose", "0"],
         ["gated_linear: held-out accuracy", "time:"],
     ),
