@@ -2,7 +2,8 @@
 
 What it shows: building a `keras_xf.models.VisionClassifier` (ViT, survey §6.4: the 8×8
 grey image cut into 2×2 patches, each flattened and mapped linearly, learned patch positions,
-a `[CLS]` token, a pre-norm Transformer encoder, a classifier on the `[CLS]` state) from
+a `[CLS]` token, a pre-norm Transformer encoder, a classifier on the mean of the patch states;
+`--pooling cls` reads the `[CLS]` state instead) from
 hyperparameters, training it with AdamW (linear warm-up, cosine decay) and the model's
 default loss, and reporting accuracy on a held-out split.
 
@@ -16,9 +17,10 @@ Run (any backend):
     KERAS_BACKEND=jax python examples/vit_digits.py
     python examples/vit_digits.py --epochs 1 --steps 2 --hidden-dim 16   # smoke test
 
-With the defaults (30 epochs of 45 steps, 103k parameters) test accuracy was 97.2% on JAX
-(5.5 minutes) and 96.1% on PyTorch (4.2 minutes) on a heavily shared 2-core CPU (chance is
-10%); `--pooling mean` gave 96.7% on PyTorch, and 50 epochs 96.4%.
+With the defaults (60 epochs of 45 steps, mean pooling, dropout 0.2) test accuracy was 98.3%
+on JAX (263 s), 98.1% on TensorFlow (308 s) and 96.7% on PyTorch (402 s), on a shared 2-core
+CPU (chance is 10%); with `--pooling cls --dropout 0.1 --epochs 30` it was 97.2% on JAX and
+96.1% on PyTorch.
 """
 
 import argparse
