@@ -19,10 +19,17 @@ Run (any backend):
     KERAS_BACKEND=jax python examples/visual_qa.py --fusion both
     python examples/visual_qa.py --max-train-images 64 --epochs 1 --eval-images 8  # smoke test
 
-Measured so far (JAX, a heavily shared 2-core CPU): `--epochs 12 --questions-per-image 4`
-gave 48.8% (prefix) and 60.8% (cross-attention) exact answers in 6 minutes for both;
-`--fusion cross_attention --epochs 30 --learning-rate 3e-3` gave 60.1% (training accuracy
-had levelled off), short of the 90% target.
+Set-up that matters: learned text positions (`--position learned`). The model's default
+sinusoidal table has entries of size ~1 while token embeddings start at ~0.05, which drowns
+the question words: with sinusoidal positions earlier runs stalled near 60% (after 4 epochs
+the model answered "is it odd ?" exactly as "is it even ?"). Also an image encoder in front
+of the decoder in both forms (`--vision-layers 2`; without one the prefix decoder, which must
+recognize the digit and reason about it in the same two layers, reached 84% in 15 epochs),
+AdamW with linear warm-up and cosine decay, and the loss on the answer and end tokens only.
+Teacher-forced and generated answers agree, so the generation path is not the limit.
+
+Measured (JAX, a shared 2-core CPU, default arguments, 2154 test questions per form):
+`--fusion prefix` 96.8% exact answers in 323 s, `--fusion cross_attention` 95.5% in 271 s.
 """
 
 import argparse
@@ -56,13 +63,18 @@ def parse_args(argv=None):
     parser.add_argument("--eval-images", type=int, default=None,
                         help="answer questions about at most this many test images")
     parser.add_argument("--test-fraction", type=float, default=0.2)
-    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--patch-size", type=int, default=2)
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--hidden-dim", type=int, default=64)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--intermediate-dim", type=int, default=128)
+    parser.add_argument("--vision-layers", type=int, default=2,
+                        help="image encoder layers in front of the decoder (both forms)")
+    parser.add_argument("--position", default="learned",
+                        choices=("learned", "sinusoidal", "rotary", "none"),
+                        help="text positions")
     parser.add_argument("--learning-rate", type=float, default=2e-3, help="peak learning rate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", type=int, default=2, help="Keras fit verbosity")
@@ -163,6 +175,8 @@ def train_and_answer(fusion, args, train, test):
         max_sequence_length=MAX_LENGTH,
         fusion=fusion,
         gated_cross_attention=args.gated and fusion == "cross_attention",
+        vision_layers=args.vision_layers,
+        position=args.position,
         norm_placement="pre",
     )
     steps = -(-len(y) // args.batch_size)
