@@ -7,6 +7,7 @@ saves a `.keras` file, reloads it (checking identical outputs) and exports a Sav
 
     KERAS_BACKEND=jax python examples/train_lm.py            # about 3 minutes
     KERAS_BACKEND=torch python examples/train_lm.py --minutes 0.2 --output /tmp/lm
+    KERAS_BACKEND=jax python examples/train_lm.py --experts 8   # MoE feedforwards
 """
 
 import argparse
@@ -30,6 +31,10 @@ def parse_args():
     parser.add_argument("--num-layers", type=int, default=3)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--experts", type=int, default=0,
+                        help="M > 0: a top-2 mixture of M experts (capacity factor 1.25) in "
+                             "place of each feedforward, with the drop rate and expert load "
+                             "reported after training")
     parser.add_argument("--max-characters", type=int, default=None,
                         help="use only the first N characters of the corpus")
     parser.add_argument("--sample-length", type=int, default=200)
@@ -75,7 +80,11 @@ def main():
 
     block = keras_xf.layers.TransformerBlock(
         mixer=keras_xf.layers.MultiHeadAttention(num_heads=args.num_heads),
-        feedforward=keras_xf.layers.FeedForward(4 * args.hidden_dim, activation="gelu"),
+        feedforward=(
+            keras_xf.layers.MixtureOfExperts(args.experts, 2 * args.hidden_dim, top_k=2,
+                                             activation="gelu", capacity_factor=1.25)
+            if args.experts else keras_xf.layers.FeedForward(4 * args.hidden_dim, activation="gelu")
+        ),
         norm_placement="pre",
     )
     model = keras_xf.models.CausalLM(
@@ -97,7 +106,7 @@ def main():
     budget = args.minutes * 60
     steps_per_epoch = max(1, min(200, len(y) // args.batch_size))
     start = time.perf_counter()
-    model.fit(
+    history = model.fit(
         x,
         y,
         batch_size=args.batch_size,
@@ -113,6 +122,13 @@ def main():
     baseline = unigram_perplexity(train_ids, valid_ids)
     print(f"trained for {train_seconds:.0f} s")
     print(f"validation perplexity: {results['perplexity']:.2f} (unigram model: {baseline:.2f})")
+    if args.experts:
+        # The routers' statistics over the last training epoch, one entry per layer.
+        for key in sorted(k for k in history.history if k.endswith("/drop_rate")):
+            loads = [history.history[key.replace("drop_rate", f"load_{i}")][-1]
+                     for i in range(args.experts)]
+            print(f"{key.rsplit('/', 1)[0]}: drop rate {history.history[key][-1]:.4f} at "
+                  f"capacity factor 1.25, expert load {min(loads):.3f}..{max(loads):.3f}")
 
     prompt = encode(args.prompt)
     sample = model.generate(prompt, max_length=len(prompt) + args.sample_length,

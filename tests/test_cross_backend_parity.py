@@ -19,6 +19,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.session_cache import shared_once
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO_ROOT, "tests", "parity_worker.py")
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -41,27 +43,20 @@ def _worker_env(backend):
     return env
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """`{backend: {name: array}}` from one worker run per backend, run in parallel."""
-    out_dir = tmp_path_factory.mktemp("parity")
+def _run_workers(out_dir):
+    """Runs the worker once per backend, in parallel, writing `<out_dir>/<backend>.npz`."""
     processes = {}
     for backend in BACKENDS:
-        out_path = out_dir / f"{backend}.npz"
-        processes[backend] = (
-            out_path,
-            subprocess.Popen(
-                [sys.executable, WORKER, str(out_path)],
-                cwd=REPO_ROOT,
-                env=_worker_env(backend),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            ),
+        processes[backend] = subprocess.Popen(
+            [sys.executable, WORKER, str(out_dir / f"{backend}.npz")],
+            cwd=REPO_ROOT,
+            env=_worker_env(backend),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
-    outputs = {}
     failures = []
-    for backend, (out_path, process) in processes.items():
+    for backend, process in processes.items():
         try:
             log, _ = process.communicate(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -71,11 +66,19 @@ def results(tmp_path_factory):
             continue
         if process.returncode != 0:
             failures.append(f"{backend}: exit code {process.returncode}\n{log[-3000:]}")
-            continue
-        with np.load(out_path) as data:
-            outputs[backend] = {key: data[key] for key in data.files}
     if failures:
         pytest.fail("parity worker failed:\n" + "\n".join(failures))
+
+
+@pytest.fixture(scope="session")
+def results(tmp_path_factory):
+    """`{backend: {name: array}}` from one worker run per backend (once per test session,
+    shared by the xdist workers)."""
+    out_dir = shared_once(tmp_path_factory, "parity", _run_workers)
+    outputs = {}
+    for backend in BACKENDS:
+        with np.load(out_dir / f"{backend}.npz") as data:
+            outputs[backend] = {key: data[key] for key in data.files}
     return outputs
 
 

@@ -13,7 +13,9 @@ import pytest
 from keras_xf.distribution import layout_map
 from keras_xf.distribution import variable_axes
 from tests.distribution_worker import expert_model
+from tests.session_cache import shared_once
 from tests.models import tiny
+
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO_ROOT, "tests", "distribution_worker.py")
@@ -133,23 +135,25 @@ def test_errors():
         layout_map(model, (2, 4))
 
 
-@pytest.fixture(scope="module")
-def distributed():
-    """The worker's results from one subprocess with 8 virtual CPU devices."""
+def _run_worker(out_dir):
     env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""),
+                                   "--xla_force_host_platform_device_count=8"]).strip(),
                PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
-    out_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"keras_xf_dist_{os.getpid()}.json")
-    try:
-        process = subprocess.run([sys.executable, WORKER, out_path], cwd=REPO_ROOT, env=env,
-                                 capture_output=True, text=True, timeout=TIMEOUT_S)
-        if process.returncode != 0:
-            pytest.fail(f"distribution worker failed:\n{(process.stdout + process.stderr)[-3000:]}")
-        with open(out_path) as f:
-            return json.load(f)
-    finally:
-        if os.path.exists(out_path):
-            os.remove(out_path)
+    process = subprocess.run([sys.executable, WORKER, str(out_dir / "results.json")],
+                             cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                             timeout=TIMEOUT_S)
+    if process.returncode != 0:
+        pytest.fail(f"distribution worker failed:\n{(process.stdout + process.stderr)[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def distributed(tmp_path_factory):
+    """The worker's results from one subprocess with 8 virtual CPU devices (once per test
+    session, shared by the xdist workers)."""
+    out_dir = shared_once(tmp_path_factory, "distribution", _run_worker)
+    with open(out_dir / "results.json") as f:
+        return json.load(f)
 
 
 @jax_only

@@ -94,8 +94,12 @@ def gather_rows(inputs, slots, num_rows):
     num_tokens = ops.shape(inputs)[0]
     top_k = ops.shape(slots)[0] // num_tokens
     token = ops.tile(ops.arange(num_tokens, dtype="int32"), (top_k,))
-    # Unique rows for kept assignments; every other assignment lands on the extra row.
-    row_token = ops.scatter(ops.expand_dims(slots, -1), token + 1, (num_rows + 1,))
+    # Unique rows for kept assignments; every other assignment lands on the extra row, which
+    # is dropped. `scatter_update` (an index write) rather than `scatter`: Keras's PyTorch
+    # `scatter` loops over the indices in Python, one small op per assignment.
+    row_token = ops.scatter_update(
+        ops.zeros((num_rows + 1,), "int32"), ops.expand_dims(slots, -1), token + 1
+    )
     row_token = row_token[:num_rows] - 1
     filled = row_token >= 0
     rows = ops.take(inputs, ops.maximum(row_token, 0), axis=0)
