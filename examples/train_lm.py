@@ -144,7 +144,11 @@ def main():
 
     from keras_xf import export
 
-    if keras.config.backend() == "torch":
+    if args.experts:
+        # A mixture of experts sizes its expert buffers from the number of tokens
+        # (C = ceil(1.25 * 2 * N / M)), which an export for any batch and length leaves symbolic.
+        print("not exported: the mixture of experts needs a fixed batch and length to export")
+    elif keras.config.backend() == "torch":
         # Keras cannot write a SavedModel from PyTorch (docs/export.md): export ONNX instead.
         onnx_path = os.path.join(args.output, "causal_lm.onnx")
         export.export_onnx(model, onnx_path)

@@ -112,6 +112,10 @@ class VisionLanguageLM(FunctionalModel):
             (`PatchPositionEmbedding`).
         num_key_value_heads, activation, norm_placement, normalization, dropout,
         tie_embeddings: as in `TransformerBackbone`.
+        embedding_scale: bool, multiply token embeddings by `√d` (survey §2.1). With the
+            default Keras embedding initialisation (±0.05) and no scale, the few text tokens
+            can be swamped by the image states they attend to in the prefix form; the scale
+            keeps the words visible (see `examples/visual_qa.py`).
         pad_token_id: int.
         start_token_id: int, the prompt of `generate` when none is given.
         dtype: a dtype policy.
@@ -149,6 +153,7 @@ class VisionLanguageLM(FunctionalModel):
         normalization="layer_norm",
         dropout=0.0,
         tie_embeddings=True,
+        embedding_scale=False,
         pad_token_id=0,
         start_token_id=1,
         name=None,
@@ -188,6 +193,7 @@ class VisionLanguageLM(FunctionalModel):
         self.embeddings = TokenAndPositionEmbedding(
             vocabulary_size, hidden_dim, position=position,
             max_sequence_length=max_sequence_length, tie_weights=tie_embeddings,
+            scale=embedding_scale,
             dropout=dropout, dtype=policy, name="embeddings",
         )
         self.modality_embedding = None
@@ -238,6 +244,7 @@ class VisionLanguageLM(FunctionalModel):
         self.normalization = normalization
         self.dropout = dropout
         self.tie_embeddings = tie_embeddings
+        self.embedding_scale = embedding_scale
         self.pad_token_id = pad_token_id
         self.start_token_id = start_token_id
         self.sampler = get_sampler("greedy")
@@ -475,6 +482,7 @@ class VisionLanguageLM(FunctionalModel):
                 "normalization": self.normalization,
                 "dropout": self.dropout,
                 "tie_embeddings": self.tie_embeddings,
+                "embedding_scale": self.embedding_scale,
                 "pad_token_id": self.pad_token_id,
                 "start_token_id": self.start_token_id,
             }

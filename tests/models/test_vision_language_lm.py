@@ -273,3 +273,16 @@ def test_bad_inputs_raise(rng):
     with pytest.raises(ValueError, match="encoder_outputs=None"):
         GatedCrossAttentionBlock(block, MultiHeadAttention(HEADS))(
             rng.normal(size=(2, 3, WIDTH)).astype("float32"))
+
+
+def test_embedding_scale_multiplies_the_token_embeddings(rng):
+    model = vision_lm("prefix", embedding_scale=True, position="none")
+    ids = rng.integers(3, VOCAB, size=(2, 5)).astype("int32")
+    table = to_numpy(model.embeddings.token_embedding.embeddings)
+    np.testing.assert_allclose(to_numpy(model.embeddings(ids)), table[ids] * np.sqrt(WIDTH),
+                               rtol=1e-6)
+    assert VisionLanguageLM.from_config(model.get_config()).embedding_scale is True
+    prompts = {"images": rng.uniform(size=(2,) + IMAGE_SHAPE).astype("float32"),
+               "token_ids": [[1, 5, 7], [1]]}
+    assert model.generate(prompts, max_length=6) == model.generate(prompts, max_length=6,
+                                                                   use_cache=False)
