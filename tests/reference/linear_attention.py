@@ -81,3 +81,27 @@ def linear_attention(qf, kf, v, causal, padding_mask=None, decay=None, normalize
                     nu[b, h] = keep * nu[b, h] + write * kf[b, j, h]
                 outputs[b, j, h] = read(b, j, h, mu[b, h], nu[b, h])
     return outputs, (mu, nu)
+
+
+def key_convolution(k, kernel, padding_mask=None, window=None):
+    """The causal depthwise convolution of the keys, `k̃_t = Σ_{o<K} w_o ⊙ k_{t−o}`, written as
+    a loop: keys before the first position are zero (or `window`, the `K − 1` keys before it,
+    oldest first), and a padded position's key is zero. `k`: `[B, T, H, Dh]`, `kernel`:
+    `[K, H, Dh]`.
+
+    Returns:
+        `(k̃ [B, T, H, Dh], the last K − 1 keys [B, K − 1, H, Dh])`.
+    """
+    k = np.array(k, np.float64)
+    kernel = np.asarray(kernel, np.float64)
+    size = kernel.shape[0]
+    if padding_mask is not None:
+        k = k * np.asarray(padding_mask, np.float64)[:, :, None, None]
+    if window is None:
+        window = np.zeros((k.shape[0], size - 1) + k.shape[2:])
+    history = np.concatenate([np.asarray(window, np.float64), k], axis=1)
+    out = np.zeros_like(k)
+    for t in range(k.shape[1]):
+        for o in range(size):
+            out[:, t] += kernel[o] * history[:, size - 1 + t - o]
+    return out, history[:, history.shape[1] - (size - 1):]

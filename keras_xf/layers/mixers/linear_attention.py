@@ -41,6 +41,14 @@ class LinearAttention(keras.layers.Layer):
     - decayed (causal): `μ_j = a·μ_{j−1} + (1−a)·k′_jᵀ v_j`, `ν_j = a·ν_{j−1} + (1−a)·k′_jᵀ`,
       with `a` fixed, a learned scalar per head, or a gate `a_j = σ(W x_j + b)` per head.
 
+    Key convolution (`key_convolution=K`): the keys are first mixed over the last `K`
+    positions by a causal depthwise convolution, `k̃_t = Σ_{o<K} w_o ⊙ k_{t−o}` (one weight per
+    offset and key channel, §5.5.1), as the short convolutions of H3 and Mamba. Then the key
+    written at position `t` can carry the token before it: in associative recall, the value
+    `v_t` is stored under the key `k_{t−1}` that precedes it, and a later query of that key
+    reads it back. Without it, that binding has to be built from the block's input, where a
+    shifted token and the current one overlap.
+
     Feature maps `φ`: `"elu"` (`elu(x) + 1`), `"relu"`, `"identity"` (only with
     `normalize=False`), and `"random_features"`, the positive random features of Performer
     (FAVOR+): `φ(x) = exp(ωᵀx − |x|²/2)/√m` applied to `x/d_h^{1/4}`, so that
@@ -54,8 +62,9 @@ class LinearAttention(keras.layers.Layer):
     linear recurrence of `keras_xf.ops.scan` when there is a decay; for a sequence length
     unknown when tracing, a masked sum over chunk pairs). The state is the cache:
     decoding one token updates `(μ, ν)` in `O(m·d_h)` per head, independent of the context
-    length. States and sums are accumulated in float32 under mixed precision; the denominator
-    is `max(q′ν, ε)`, so rows without any valid key give zeros.
+    length (with a key convolution, the cache also holds the last `K − 1` projected keys).
+    States and sums are accumulated in float32 under mixed precision; the denominator is
+    `max(q′ν, ε)`, so rows without any valid key give zeros.
 
     Special cases: `decay=0.97` (or one value per head, fixed), `feature_map="identity"` and
     `normalize=False` give retention (RetNet's `S_j = γ S_{j−1} + k_jᵀ v_j`, `o_j = q_j S_j`,
@@ -78,6 +87,10 @@ class LinearAttention(keras.layers.Layer):
         decay_init: float in (0, 1) or list per head, initial `a` for `"learned"` and the
             initial bias `σ(b)` of `"gated"`.
         normalize: bool, divide by `q′ν` (`D⁻¹`); `False` returns `q′μ`.
+        key_convolution: `None` or int `K ≥ 1`, the size of the causal depthwise convolution
+            of the projected keys.
+        key_convolution_initializer: initializer of its kernel `w [K, H, d_h]` (default
+            uniform in `±1/√K`, the default of a depthwise convolution of `K` taps).
         causal: bool, default for `use_causal_mask`.
         chunk_size: positive int, positions per chunk of the causal form.
         use_bias: bool, biases in the projections.
@@ -92,13 +105,14 @@ class LinearAttention(keras.layers.Layer):
             state passes through a padded position unchanged).
         attention_mask: must be `None` (an arbitrary `[T, S]` mask has no linear-time form).
         use_causal_mask: bool, `None` means `causal`.
-        cache: `(μ, ν)` from `init_cache`; the tokens continue from this state (causal form).
+        cache: `(μ, ν)` from `init_cache` (`(μ, ν, last keys)` with a key convolution); the
+            tokens continue from this state (causal form).
         cache_index: int or scalar int tensor, position of the first token (the state needs
             no index; accepted for the cache protocol).
         training: bool.
 
     Returns:
-        `[B, T, output_dim]`, or `(outputs, (μ, ν))` when a cache is given.
+        `[B, T, output_dim]`, or `(outputs, new_cache)` when a cache is given.
 
     Example:
     >>> layer = LinearAttention(num_heads=2, feature_map="elu", decay="gated", causal=True)
@@ -121,6 +135,8 @@ class LinearAttention(keras.layers.Layer):
         decay=None,
         decay_init=0.9,
         normalize=True,
+        key_convolution=None,
+        key_convolution_initializer=None,
         causal=False,
         chunk_size=64,
         use_bias=True,
@@ -165,6 +181,14 @@ class LinearAttention(keras.layers.Layer):
         if decay is not None and decay not in DECAY_MODES:
             _check_unit_interval("decay", decay, num_heads)
         _check_unit_interval("decay_init", decay_init, num_heads)
+        if key_convolution is not None and (
+            isinstance(key_convolution, bool) or not isinstance(key_convolution, int)
+            or key_convolution <= 0
+        ):
+            raise ValueError(
+                "key_convolution must be None or a positive int. Received: "
+                f"key_convolution={key_convolution!r}"
+            )
         if not isinstance(epsilon, (int, float)) or isinstance(epsilon, bool) or epsilon <= 0:
             raise ValueError(f"epsilon must be a positive float. Received: epsilon={epsilon}")
         self.num_heads = num_heads
@@ -176,6 +200,14 @@ class LinearAttention(keras.layers.Layer):
         self.decay = list(decay) if isinstance(decay, tuple) else decay
         self.decay_init = list(decay_init) if isinstance(decay_init, tuple) else decay_init
         self.normalize = bool(normalize)
+        self.key_convolution = key_convolution
+        if key_convolution_initializer is None and key_convolution is not None:
+            bound = 1.0 / math.sqrt(key_convolution)
+            key_convolution_initializer = keras.initializers.RandomUniform(-bound, bound)
+        self.key_convolution_initializer = (
+            None if key_convolution_initializer is None
+            else keras.initializers.get(key_convolution_initializer)
+        )
         self.causal = bool(causal)
         self.chunk_size = chunk_size
         self.use_bias = use_bias
@@ -239,6 +271,13 @@ class LinearAttention(keras.layers.Layer):
                 dtype="float32",
                 autocast=False,  # the features are computed in float32
             )
+        self.key_convolution_kernel = None
+        if self.key_convolution is not None:
+            self.key_convolution_kernel = self.add_weight(
+                name="key_convolution_kernel",
+                shape=(self.key_convolution, heads, dim),
+                initializer=clone_initializer(self.key_convolution_initializer),
+            )
         init = _check_unit_interval("decay_init", self.decay_init, heads)
         logits = [_logit(a) for a in init]
         self.decay_logit = None
@@ -266,13 +305,37 @@ class LinearAttention(keras.layers.Layer):
 
     def init_cache(self, batch_size, max_length=None, dtype=None):
         """The zero state `(μ [B, H, m, d_h], ν [B, H, m])`, float32 whatever `dtype` (the
-        sums are accumulated in float32); its size does not depend on `max_length`."""
+        sums are accumulated in float32), plus the last `K − 1` projected keys
+        `[B, K − 1, H, d_h]` with a key convolution; its size does not depend on
+        `max_length`."""
         if self.head_dim is None:
             raise ValueError(
                 "init_cache needs head_dim: pass head_dim to LinearAttention or build it first."
             )
         shape = (batch_size, self.num_heads, self.state_features)
-        return ops.zeros(shape + (self.head_dim,), "float32"), ops.zeros(shape, "float32")
+        state = (ops.zeros(shape + (self.head_dim,), "float32"), ops.zeros(shape, "float32"))
+        if self.key_convolution is None:
+            return state
+        window = (batch_size, self.key_convolution - 1, self.num_heads, self.head_dim)
+        return state + (ops.zeros(window, "float32"),)
+
+    def _convolve_keys(self, k, window):
+        """`k̃_t = Σ_o w_o ⊙ k_{t−o}` over `[window | k]` (zeros before the first position);
+        returns `(k̃, the last K − 1 keys)`."""
+        size = self.key_convolution
+        if window is None:
+            window = ops.zeros_like(k[:, :1]) if size > 1 else None
+            if window is not None:
+                window = ops.repeat(window, size - 1, axis=1)
+        padded = k if window is None else ops.concatenate([ops.cast(window, k.dtype), k], 1)
+        kernel = ops.cast(self.key_convolution_kernel, k.dtype)
+        # Offset o reads padded[K−1−o : len − o], the keys o positions back.
+        mixed = 0.0
+        for o in range(size):
+            stop = None if o == 0 else -o
+            mixed = mixed + kernel[o] * padded[:, size - 1 - o:stop]
+        last = None if size == 1 else padded[:, -(size - 1):]
+        return mixed, last
 
     # Maths -------------------------------------------------------------------------------
     def _features(self, x, projection, is_query):
@@ -350,6 +413,12 @@ class LinearAttention(keras.layers.Layer):
         q = self.query_dense(inputs)
         k = self.key_dense(inputs)
         v = self.value_dense(inputs)
+        key_window = None
+        if self.key_convolution is not None:
+            if padding_mask is not None:  # a padded position passes no key to the next ones
+                k = k * ops.cast(padding_mask, k.dtype)[:, :, None, None]
+            window = None if cache is None or self.key_convolution == 1 else cache[2]
+            k, key_window = self._convolve_keys(k, window)
         qf = self._features(q, projection, is_query=True)
         kf = self._features(k, projection, is_query=False)
         # [v | 1]: one product gives the numerator q′μ and the denominator q′ν together.
@@ -373,7 +442,7 @@ class LinearAttention(keras.layers.Layer):
         if causal:
             state = None
             if cache is not None:
-                mu, nu = cache
+                mu, nu = cache[0], cache[1]
                 state = ops.concatenate(
                     [ops.cast(mu, "float32"), ops.cast(nu, "float32")[..., None]], axis=-1
                 )
@@ -382,6 +451,10 @@ class LinearAttention(keras.layers.Layer):
             )
             if cache is not None:
                 new_cache = (last[..., :-1], last[..., -1])
+                if self.key_convolution is not None:
+                    if key_window is None:  # K = 1: an empty window, kept as it was
+                        key_window = cache[2]
+                    new_cache = new_cache + (ops.cast(key_window, "float32"),)
         else:
             mixed = linear_attention(qf, kf, values)
         numerator, denominator = mixed[..., :-1], mixed[..., -1:]
@@ -416,6 +489,11 @@ class LinearAttention(keras.layers.Layer):
                 "decay": self.decay,
                 "decay_init": self.decay_init,
                 "normalize": self.normalize,
+                "key_convolution": self.key_convolution,
+                "key_convolution_initializer": (
+                    None if self.key_convolution_initializer is None
+                    else keras.initializers.serialize(self.key_convolution_initializer)
+                ),
                 "causal": self.causal,
                 "chunk_size": self.chunk_size,
                 "use_bias": self.use_bias,

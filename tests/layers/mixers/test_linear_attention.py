@@ -42,9 +42,15 @@ def _sigmoid(x):
 
 
 def _reference(layer, x, causal, padding_mask=None, state=None):
-    """The layer's output from its weights, through the numpy recurrences."""
+    """The layer's output from its weights, through the numpy recurrences; the state is
+    `(μ, ν)`, or `(μ, ν, last keys)` with a key convolution."""
     q, k, v = (_project(d, x, "btd,dhk->bthk")
                for d in (layer.query_dense, layer.key_dense, layer.value_dense))
+    window = None
+    if layer.key_convolution is not None:
+        k, window = ref.key_convolution(k, _np(layer.key_convolution_kernel), padding_mask,
+                                        None if state is None else state[2])
+        state = None if state is None else state[:2]
     projection = None if layer.projection is None else _np(layer.projection)
     qf = ref.feature_map(q, layer.feature_map, projection)
     kf = ref.feature_map(k, layer.feature_map, projection)
@@ -57,6 +63,8 @@ def _reference(layer, x, causal, padding_mask=None, state=None):
         decay = np.broadcast_to(np.array(layer.decay, np.float64), q.shape[:3])
     out, state = ref.linear_attention(qf, kf, v, causal, padding_mask, decay, layer.normalize,
                                       state, layer.epsilon)
+    if window is not None:
+        state = state + (window,)
     return _project(layer.output_dense, out, "bthk,hkd->btd"), state
 
 
@@ -69,6 +77,9 @@ CONFIGS = [
     dict(feature_map="random_features", decay="gated", seed=1),
     # Retention: fixed decay per head, identity features, no normalisation.
     dict(feature_map="identity", decay=[0.7, 0.97], normalize=False),
+    # Keys through a causal depthwise convolution (both forms, and with a gate).
+    dict(feature_map="relu", key_convolution=3),
+    dict(feature_map="elu", decay="gated", key_convolution=2),
 ]
 
 
@@ -84,12 +95,14 @@ def test_matches_reference(rng, config):
         np.testing.assert_allclose(_np(actual), expected, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("decay", [None, "gated"])
-def test_chunk_parallel_equals_recurrent(rng, decay):
+@pytest.mark.parametrize("decay, key_convolution", [(None, None), ("gated", None), ("gated", 4)])
+def test_chunk_parallel_equals_recurrent(rng, decay, key_convolution):
     """One parallel pass (chunks of 3), a prefill of 3 then single tokens from the state, and
-    the naive recurrence agree, outputs and final state."""
+    the naive recurrence agree, outputs and final state (with a key convolution of 4, a
+    prefill shorter than its window)."""
     x = _inputs(rng)
-    layer = LinearAttention(H, feature_map="elu", decay=decay, chunk_size=3, causal=True)
+    layer = LinearAttention(H, feature_map="elu", decay=decay, chunk_size=3, causal=True,
+                            key_convolution=key_convolution)
     full = _np(layer(x))
     state = layer.init_cache(B, T)
     outputs, state = layer(x[:, :3], cache=state, cache_index=0)
@@ -98,11 +111,12 @@ def test_chunk_parallel_equals_recurrent(rng, decay):
         outputs, state = layer(x[:, t:t + 1], cache=state, cache_index=t)
         pieces.append(_np(outputs))
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=1e-5)
-    expected, (mu, nu) = _reference(layer, x, causal=True)
+    expected, expected_state = _reference(layer, x, causal=True)
     np.testing.assert_allclose(full, expected, atol=2e-5, rtol=1e-4)
-    assert [keras.backend.standardize_dtype(s.dtype) for s in state] == ["float32"] * 2
-    np.testing.assert_allclose(_np(state[0]), mu, atol=1e-4, rtol=1e-4)
-    np.testing.assert_allclose(_np(state[1]), nu, atol=1e-4, rtol=1e-4)
+    assert len(state) == (2 if key_convolution is None else 3)
+    assert {keras.backend.standardize_dtype(s.dtype) for s in state} == {"float32"}
+    for actual, wanted in zip(state, expected_state):
+        np.testing.assert_allclose(_np(actual), wanted, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 5, 64])
@@ -129,8 +143,9 @@ def test_fully_padded_rows_give_zeros_not_nan(rng):
     x = _inputs(rng)
     mask = np.zeros((B, T), bool)
     mask[1, 4:] = True  # row 1 is left-padded
-    for causal, decay in ((False, None), (True, "gated")):
-        layer = LinearAttention(H, feature_map="relu", decay=decay, bias_initializer="ones")
+    for causal, decay, size in ((False, None, None), (True, "gated", None), (True, "gated", 2)):
+        layer = LinearAttention(H, feature_map="relu", decay=decay, key_convolution=size,
+                                bias_initializer="ones")
         out = _np(layer(x, padding_mask=mask, use_causal_mask=causal))
         assert np.all(np.isfinite(out))
         np.testing.assert_allclose(out[0], np.ones((T, D)), atol=1e-6)
@@ -194,21 +209,47 @@ def test_config_weights_fit_and_saving(rng, tmp_path):
     np.testing.assert_array_equal(_np(kept), _np(projection))  # the fixed features, exactly
 
 
+def test_key_convolution_weights_config_and_saving(rng, tmp_path):
+    x = _inputs(rng)
+
+    def make():
+        return LinearAttention(H, decay="gated", causal=True, key_convolution=3,
+                               key_convolution_initializer="ones")
+
+    layer = make()
+    layer.build(x.shape)
+    checks.check_config_round_trip(layer)
+    dh = D // H
+    assert tuple(layer.key_convolution_kernel.shape) == (3, H, dh)
+    np.testing.assert_array_equal(_np(layer.key_convolution_kernel), np.ones((3, H, dh)))
+    plain = LinearAttention(H, decay="gated", causal=True)
+    plain.build(x.shape)
+    assert checks.count_params(layer) == checks.count_params(plain) + 3 * H * dh
+    # The default initializer: uniform in ±1/√K.
+    default = LinearAttention(H, key_convolution=4)
+    default.build(x.shape)
+    assert np.abs(_np(default.key_convolution_kernel)).max() <= 0.5
+    model = checks.wrap_in_model(make(), [x], {"padding_mask": _padding()})
+    inputs = checks.model_inputs([x], {"padding_mask": _padding()})
+    checks.check_fit_step(model, inputs)
+    checks.check_saving(model, inputs, tmp_path)
+
+
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
     x = _inputs(rng)
 
     def make(dtype):
         return LinearAttention(H, feature_map="random_features", decay="gated", causal=True,
-                               chunk_size=3, seed=0, dtype=dtype)
+                               chunk_size=3, seed=0, key_convolution=2, dtype=dtype)
 
     checks.check_mixed_precision(make, [x], {"padding_mask": _padding()}, policy=policy)
     layer = make(policy)
     layer.build(x.shape)
     outputs, state = layer(x, cache=layer.init_cache(B, T, "float16"), cache_index=0)
-    assert [keras.backend.standardize_dtype(s.dtype) for s in state] == ["float32"] * 2
+    assert [keras.backend.standardize_dtype(s.dtype) for s in state] == ["float32"] * 3
     reference = LinearAttention(H, feature_map="random_features", decay="gated", causal=True,
-                                chunk_size=3, seed=0)
+                                chunk_size=3, seed=0, key_convolution=2)
     reference.build(x.shape)
     reference.set_weights(layer.get_weights())
     np.testing.assert_allclose(_np(outputs), _np(reference(x)), atol=0.05, rtol=0.05)
@@ -229,22 +270,24 @@ def test_jit_compile_and_redraw_in_compiled_steps(rng):
 
 @pytest.mark.skipif(checks.BACKEND != "tensorflow",
                     reason="only TensorFlow traces functions with an unknown sequence length")
-@pytest.mark.parametrize("decay", [None, "gated"])
-def test_unknown_length_in_a_tensorflow_trace(rng, decay):
+@pytest.mark.parametrize("decay, key_convolution", [(None, None), ("gated", None), ("gated", 3)])
+def test_unknown_length_in_a_tensorflow_trace(rng, decay, key_convolution):
     import tensorflow as tf
 
     x = _inputs(rng)
-    layer = LinearAttention(H, decay=decay, causal=True, chunk_size=3)
+    layer = LinearAttention(H, decay=decay, causal=True, chunk_size=3,
+                            key_convolution=key_convolution)
     layer.build(x.shape)
     state = layer.init_cache(B, T)
     _, state = layer(x[:, :2], cache=state, cache_index=0)
     expected, expected_state = layer(x[:, 2:], cache=state, cache_index=2)
     spec = tf.TensorSpec([None, None, D])
-    traced = tf.function(lambda t, mu, nu: layer(t, cache=(mu, nu), cache_index=2),
-                         input_signature=[spec, tf.TensorSpec(None), tf.TensorSpec(None)])
+    traced = tf.function(lambda t, *cache: layer(t, cache=cache, cache_index=2),
+                         input_signature=[spec] + [tf.TensorSpec(None)] * len(state))
     actual, actual_state = traced(x[:, 2:], *state)
     np.testing.assert_allclose(_np(actual), _np(expected), atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(_np(actual_state[0]), _np(expected_state[0]), atol=1e-5, rtol=1e-5)
+    for got, wanted in zip(actual_state, expected_state):
+        np.testing.assert_allclose(_np(got), _np(wanted), atol=1e-5, rtol=1e-5)
 
 
 def _lm(**mixer):
@@ -255,7 +298,7 @@ def _lm(**mixer):
 
 def test_causal_lm_cached_decoding_equals_full_pass(rng):
     keras.utils.set_random_seed(1)
-    lm = randomize_embeddings(_lm(feature_map="elu", decay="gated"))
+    lm = randomize_embeddings(_lm(feature_map="elu", decay="gated", key_convolution=3))
     batch = token_batch(rng)
     ids = batch["token_ids"]
     full = _np(lm.predict(batch, verbose=0))
@@ -303,6 +346,9 @@ def test_causal_lm_trains(rng):
         (dict(feature_map="identity"), "normalize"),
         (dict(chunk_size=0), "chunk_size"),
         (dict(epsilon=0.0), "epsilon"),
+        (dict(key_convolution=0), "key_convolution"),
+        (dict(key_convolution=2.0), "key_convolution"),
+        (dict(key_convolution=True), "key_convolution"),
     ],
 )
 def test_bad_configs_raise(kwargs, match):

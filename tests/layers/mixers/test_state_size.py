@@ -21,6 +21,8 @@ MAX_LENGTHS = (1, 12, 4096)
 MIXERS = {
     "linear_attention": lambda: LinearAttention(H, feature_map="elu", causal=True),
     "gated_linear_attention": lambda: LinearAttention(H, decay="gated", causal=True),
+    "gated_linear_attention_key_convolution": lambda: LinearAttention(
+        H, decay="gated", causal=True, key_convolution=4),
     "ssm_time_invariant": lambda: StateSpaceMixer(4),
     "ssm_selective": lambda: StateSpaceMixer(4, selective=True),
 }
@@ -34,7 +36,8 @@ def _bytes(cache):
     return sum(int(np.prod(s)) * 4 for s in _shapes(cache))
 
 
-@pytest.mark.parametrize("name", ["gated_linear_attention", "ssm_time_invariant",
+@pytest.mark.parametrize("name", ["gated_linear_attention",
+                                  "gated_linear_attention_key_convolution", "ssm_time_invariant",
                                   "ssm_selective"])
 def test_state_size_is_independent_of_max_length(rng, name):
     layer = MIXERS[name]()
