@@ -6,6 +6,8 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.ops.convolution import pad_sequence
+from keras_xf.ops.convolution import rolling_cache
 from keras_xf.ops.linear_attention import causal_linear_attention
 from keras_xf.ops.linear_attention import linear_attention
 
@@ -320,21 +322,19 @@ class LinearAttention(keras.layers.Layer):
         return state + (ops.zeros(window, "float32"),)
 
     def _convolve_keys(self, k, window):
-        """`k̃_t = Σ_o w_o ⊙ k_{t−o}` over `[window | k]` (zeros before the first position);
-        returns `(k̃, the last K − 1 keys)`."""
-        size = self.key_convolution
-        if window is None:
-            window = ops.zeros_like(k[:, :1]) if size > 1 else None
-            if window is not None:
-                window = ops.repeat(window, size - 1, axis=1)
-        padded = k if window is None else ops.concatenate([ops.cast(window, k.dtype), k], 1)
+        """`k̃_t = Σ_o w_o ⊙ k_{t−o}` over `[window | k]` (zeros before the first position, as
+        the convolutional mixers pad); returns `(k̃, the last K − 1 keys)`."""
+        size, heads, dim = self.key_convolution, self.num_heads, self.head_dim
+        batch = ops.shape(k)[0]
+        history = None if window is None else ops.reshape(window, (batch, size - 1, heads * dim))
+        padded = pad_sequence(ops.reshape(k, (batch, -1, heads * dim)), size, True, history)
+        last = ops.reshape(rolling_cache(padded, size), (batch, size - 1, heads, dim))
+        padded = ops.reshape(padded, (batch, -1, heads, dim))
         kernel = ops.cast(self.key_convolution_kernel, k.dtype)
         # Offset o reads padded[K−1−o : len − o], the keys o positions back.
         mixed = 0.0
         for o in range(size):
-            stop = None if o == 0 else -o
-            mixed = mixed + kernel[o] * padded[:, size - 1 - o:stop]
-        last = None if size == 1 else padded[:, -(size - 1):]
+            mixed = mixed + kernel[o] * padded[:, size - 1 - o:None if o == 0 else -o]
         return mixed, last
 
     # Maths -------------------------------------------------------------------------------
@@ -417,8 +417,7 @@ class LinearAttention(keras.layers.Layer):
         if self.key_convolution is not None:
             if padding_mask is not None:  # a padded position passes no key to the next ones
                 k = k * ops.cast(padding_mask, k.dtype)[:, :, None, None]
-            window = None if cache is None or self.key_convolution == 1 else cache[2]
-            k, key_window = self._convolve_keys(k, window)
+            k, key_window = self._convolve_keys(k, None if cache is None else cache[2])
         qf = self._features(q, projection, is_query=True)
         kf = self._features(k, projection, is_query=False)
         # [v | 1]: one product gives the numerator q′μ and the denominator q′ν together.
@@ -452,9 +451,7 @@ class LinearAttention(keras.layers.Layer):
             if cache is not None:
                 new_cache = (last[..., :-1], last[..., -1])
                 if self.key_convolution is not None:
-                    if key_window is None:  # K = 1: an empty window, kept as it was
-                        key_window = cache[2]
-                    new_cache = new_cache + (ops.cast(key_window, "float32"),)
+                    new_cache = new_cache + (key_window,)
         else:
             mixed = linear_attention(qf, kf, values)
         numerator, denominator = mixed[..., :-1], mixed[..., -1:]
