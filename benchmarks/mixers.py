@@ -72,6 +72,9 @@ MIXERS = {
     "conformer_conv": _layer("ConformerConvolution", 31, causal=True, normalization="layer_norm"),
     "lstm": _layer("RecurrentMixer", "lstm"),
     "average_attention": _layer("AverageAttention"),
+    # The anchor: token-wise, exactly linear in n; its t(16k)/t(1k) is what the machine's
+    # memory hierarchy alone adds (a 1k pass stays in cache, a 16k one does not).
+    "feedforward": _layer("FeedForward", 4 * WIDTH),
 }
 
 
@@ -138,8 +141,11 @@ def run_case(mixer, length):
     layer.build(x.shape)
     baseline = peak_rss_mb()
     step = gradient_step(layer, x)
-    repeats = 5 if length <= 4096 else 2
-    seconds = median_seconds(step, warmup=1, repeats=repeats)
+    # Enough repeats for about 3 s of timing (3 to 50): the short cases, the denominators of
+    # t(16k)/t(1k), take tens of milliseconds and vary by ±15% over 5 repeats.
+    first = median_seconds(step, warmup=1, repeats=1)
+    repeats = max(3, min(50, int(3.0 / max(first, 1e-3))))
+    seconds = median_seconds(step, warmup=0, repeats=repeats)
     return {"mixer": mixer, "length": length, "seconds": seconds,
             "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb(), "repeats": repeats,
             "parameters": layer.count_params()}

@@ -24,6 +24,8 @@ from keras_xf.ops.positions import sinusoid_table_2d
 from keras_xf.ops.scan import associative_scan
 from keras_xf.ops.scan import chunked_scan
 from keras_xf.ops.scan import linear_recurrence
+from keras_xf.ops.scan import prefix_scan
+from keras_xf.ops.scan import scan_chunks
 from keras_xf.ops.scan import sequential_scan
 from keras_xf.ops.linear_attention import causal_linear_attention
 from keras_xf.ops.linear_attention import linear_attention

@@ -56,15 +56,25 @@ def _combine(left, right):
     return a1 * a2, a2 * b1 + b2
 
 
-def _time_loop(step, init, xs):
+def _time_loop(step, init, xs, output_index=1):
     """`keras.ops.scan` over the leading (time) axis of `xs`, returning `(carry, ys)` with `ys`
-    shaped like `xs[1]`.
+    shaped like `xs[output_index]`.
 
     On TensorFlow the loop is a `while_loop` with `maximum_iterations` writing into a buffer:
     Keras's TensorFlow `scan` has no iteration bound, and XLA cannot differentiate an
-    unbounded loop. JAX (`lax.scan`) and PyTorch (a Python loop) use `keras.ops.scan`.
+    unbounded loop. On PyTorch it is a Python loop over `ops.unstack` slices: the slices
+    `x[i]` of Keras's PyTorch `scan` each send back a gradient the size of the whole `x`, so
+    its backward pass was quadratic in the number of steps. JAX uses `keras.ops.scan`
+    (`lax.scan`).
     """
-    if keras.config.backend() != "tensorflow":
+    backend = keras.config.backend()
+    if backend == "torch":
+        carry, ys = init, []
+        for inputs in zip(*(ops.unstack(x, axis=0) for x in xs)):
+            carry, y = step(carry, tuple(inputs))
+            ys.append(y)
+        return carry, ops.stack(ys, axis=0)
+    if backend != "tensorflow":
         return ops.scan(step, init, xs)
     length = xs[0].shape[0]
 
@@ -77,7 +87,7 @@ def _time_loop(step, init, xs):
     _, carry, ys = ops.while_loop(
         lambda index, carry, buffer: index < length,
         body,
-        (ops.convert_to_tensor(0, "int32"), init, ops.zeros_like(xs[1])),
+        (ops.convert_to_tensor(0, "int32"), init, ops.zeros_like(xs[output_index])),
         maximum_iterations=length,
     )
     return carry, ys
@@ -190,6 +200,69 @@ def _chunked(a, b, initial_state, chunk_size):
     z = z_local + a_prefix * entering
     z = ops.reshape(z, [-1, num_chunks * chunk_size] + tail)
     return z[:, :length] if pad else z
+
+
+def prefix_scan(a, b):
+    """Inclusive prefixes of `(a_t, b_t)` under `(a₁, b₁) ∘ (a₂, b₂) = (a₁·a₂, a₂·b₁ + b₂)`
+    along axis 1: `(a_1 ⋯ a_t, z_t)` with `z_t = a_t z_{t−1} + b_t`, `z_0 = 0`.
+
+    The building block of a chunk: with `h` the state entering it, the states inside are
+    `z_t + (a_1 ⋯ a_t) ⊙ h`. `a` and `b` must have the same shape and a static length; no
+    dtype change (callers accumulate in float32).
+
+    Example:
+    >>> products, states = prefix_scan(ops.full((1, 3, 1), 0.5), ops.ones((1, 3, 1)))
+    """
+    return _prefix_scan(a, b)
+
+
+def scan_chunks(step, initial_state, sequences, chunk_size):
+    """Run `step(state, chunk) -> (state, output)` over consecutive chunks of `chunk_size`
+    steps, in order, carrying the state: the chunk-by-chunk loop of a chunked recurrence
+    (§5.5), which keeps only one chunk's intermediates live at a time.
+
+    Args:
+        step: `step(state, chunk)`, with `chunk` a tuple of `[B, chunk_size, ...]` slices of
+            `sequences`; returns the next state and an output shaped like the chunk of the
+            first sequence.
+        initial_state: the state entering the first chunk.
+        sequences: tuple of `[B, T, ...]` tensors with the same static `T`; the last chunk
+            is padded with zeros (the step must leave the state unchanged there, e.g. through
+            a validity mask passed as one of the sequences).
+        chunk_size: positive int.
+
+    Returns:
+        `(final state, outputs [B, T, ...])`.
+
+    Example:
+    >>> def step(total, chunk):
+    ...     (x,) = chunk
+    ...     running = total[:, None] + ops.cumsum(x, axis=1)
+    ...     return running[:, -1], running
+    >>> total, cumulative = scan_chunks(step, ops.zeros((1,)), (ops.ones((1, 5)),), 2)
+    """
+    _check_chunk_size(chunk_size)
+    length = sequences[0].shape[1]
+    if length is None:
+        raise ValueError(
+            "scan_chunks needs a static sequence length. Received: shape="
+            f"{sequences[0].shape}"
+        )
+    length = int(length)
+    num_chunks = -(-length // chunk_size)
+    pad = num_chunks * chunk_size - length
+    chunked = []
+    for x in sequences:
+        tail = list(x.shape[2:])
+        if pad:
+            x = ops.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * len(tail))
+        x = ops.reshape(x, [-1, num_chunks, chunk_size] + tail)
+        chunked.append(ops.transpose(x, [1, 0] + list(range(2, len(tail) + 3))))
+    state, outputs = _time_loop(step, initial_state, tuple(chunked), output_index=0)
+    tail = list(outputs.shape[3:])
+    outputs = ops.transpose(outputs, [1, 0] + list(range(2, len(tail) + 3)))
+    outputs = ops.reshape(outputs, [-1, num_chunks * chunk_size] + tail)
+    return state, (outputs[:, :length] if pad else outputs)
 
 
 def sequential_scan(a, b, initial_state=None):

@@ -8,6 +8,8 @@ from keras_xf import ops as xf_ops
 from keras_xf.ops.scan import associative_scan
 from keras_xf.ops.scan import chunked_scan
 from keras_xf.ops.scan import linear_recurrence
+from keras_xf.ops.scan import prefix_scan
+from keras_xf.ops.scan import scan_chunks
 from keras_xf.ops.scan import sequential_scan
 from tests import layer_checks as checks
 from tests.reference import scan as reference
@@ -104,6 +106,53 @@ def test_compiles_and_differentiates_under_xla(rng, method):
     before = float(checks.to_numpy(model.weights[0]))
     model.fit([a, b, z0], np.zeros_like(b), epochs=1, batch_size=2, verbose=0)
     assert float(checks.to_numpy(model.weights[0])) != before
+
+
+def test_prefix_scan_gives_the_products_and_the_states_from_zero(rng):
+    a, b, _ = _inputs(rng, shape=(2, 7, 3))
+    products, states = prefix_scan(a, b)
+    np.testing.assert_allclose(checks.to_numpy(products), np.cumprod(a, axis=1), rtol=1e-5)
+    np.testing.assert_allclose(
+        checks.to_numpy(states), reference.linear_recurrence(a, b), rtol=1e-5, atol=1e-5
+    )
+    assert xf_ops.prefix_scan is prefix_scan
+
+
+@pytest.mark.parametrize("chunk_size", [3, 4, 16])  # padded chunks, exact chunks, one chunk
+def test_scan_chunks_carries_the_state_across_chunks(rng, chunk_size):
+    # The chunked recurrence written with prefix_scan inside each chunk: z = ẑ + P·h.
+    a, b, z0 = _inputs(rng, shape=(2, 12, 3))
+    valid = np.ones((2, 12, 1), "float32")
+
+    def step(state, chunk):
+        a_c, b_c, valid_c = chunk
+        a_c = keras.ops.where(valid_c > 0, a_c, 1.0)  # the zero padding holds the state
+        products, states = prefix_scan(a_c, b_c)
+        states = states + products * state[:, None]
+        return states[:, -1], states
+
+    final, z = scan_chunks(step, keras.ops.convert_to_tensor(z0), (a, b, valid), chunk_size)
+    expected = reference.linear_recurrence(a, b, z0)
+    np.testing.assert_allclose(checks.to_numpy(z), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(checks.to_numpy(final), expected[:, -1], rtol=1e-5, atol=1e-5)
+    assert xf_ops.scan_chunks is scan_chunks
+
+
+def test_scan_chunks_outputs_take_the_shape_of_the_first_sequence(rng):
+    x = rng.normal(size=(2, 5, 3)).astype("float32")
+    extra = rng.normal(size=(2, 5, 4, 2)).astype("float32")
+
+    def step(total, chunk):
+        x_c, extra_c = chunk
+        increments = x_c + keras.ops.sum(extra_c, axis=(2, 3))[..., None]
+        running = total[:, None] + keras.ops.cumsum(increments, axis=1)
+        return running[:, -1], running
+
+    total, y = scan_chunks(step, keras.ops.zeros((2, 3)), (x, extra), 2)
+    expected = np.cumsum(x + extra.sum((2, 3))[..., None], axis=1)
+    np.testing.assert_allclose(checks.to_numpy(y), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        scan_chunks(step, keras.ops.zeros((2, 3)), (x, extra), 0)
 
 
 def test_bad_arguments_raise():

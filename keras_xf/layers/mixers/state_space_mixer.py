@@ -8,6 +8,8 @@ from keras import ops
 
 from keras_xf.ops.scan import METHODS
 from keras_xf.ops.scan import linear_recurrence
+from keras_xf.ops.scan import prefix_scan
+from keras_xf.ops.scan import scan_chunks
 
 INITS = ("s4d_lin", "s4d_inv", "s4d_real")
 DISCRETIZATIONS = ("zoh", "bilinear", "euler")
@@ -91,8 +93,11 @@ class StateSpaceMixer(keras.layers.Layer):
     `O = Conv(S, W_ssm) + S D` with the kernel `K_t = Re(C̄ Āᵗ B̄)`, `t = 0 … T−1`,
     applied by FFT. Selective (`selective=True`, Mamba-style): `Δ_t = softplus(s_t W_Δ + b_Δ)`,
     `B_t = s_t W_B` and `C_t = s_t W_C` depend on the token, `A` is real (S4D-Real), and the
-    states come from the linear recurrence of `keras_xf.ops.linear_recurrence`
-    (`method="chunked"` by default). Both decode recurrently: the cache is the state.
+    states come from the linear recurrence of `keras_xf.ops.linear_recurrence`. The default
+    `method="chunked"` goes one chunk at a time (`keras_xf.ops.scan_chunks`): a chunk's
+    `[B, c, d, N]` states are scanned in parallel from the state entering it and read out by
+    `C_t` at once, so that no `[B, T, d, N]` tensor is formed (the linear-time form of the
+    hardware-aware scan of Mamba). Both decode recurrently: the cache is the state.
 
     Args:
         state_size: int `N > 0`, the state size per channel.
@@ -318,6 +323,28 @@ class StateSpaceMixer(keras.layers.Layer):
         scale = ops.exp(t * ops.log(magnitude))
         return scale * ops.cos(t * angle), scale * ops.sin(t * angle)
 
+    def _kernel(self, cb_re, cb_im, a_bar, length):
+        """`K_t = Re(Σ_n (C B̄)_n Ā_nᵗ)`, `[T, d]`, without forming `[T, d, N]`: with
+        `t = i·s + j` (`s = ⌈√T⌉`), `Ā_nᵗ = Ā_nʲ · Ā_n^{i·s}`, so `K` is a product of the
+        `[s, d, N]` table `(C B̄)_n Ā_nʲ` and the `[⌈T/s⌉, d, N]` table `Ā_n^{i·s}` summed
+        over `n`: a batched matrix product per channel, `O(T·d·N)` multiply-adds and
+        `O(√T·d·N)` powers."""
+        block = max(1, math.isqrt(length - 1) + 1) if length > 1 else 1
+        blocks = -(-length // block)
+        low_re, low_im = self._powers(a_bar, ops.cast(ops.arange(block), "float32"))
+        high_re, high_im = self._powers(
+            a_bar, ops.cast(ops.arange(blocks) * block, "float32")
+        )
+        if low_im is None:  # a real Ā
+            u = cb_re * low_re  # (C B̄)_n Ā_nʲ with C B̄ real as well
+            kernel = ops.einsum("jdn,idn->ijd", u, high_re)
+        else:
+            u_re, u_im = _complex_mul(cb_re, cb_im, low_re, low_im)
+            kernel = (ops.einsum("jdn,idn->ijd", u_re, high_re)
+                      - ops.einsum("jdn,idn->ijd", u_im, high_im))
+        kernel = ops.reshape(kernel, (blocks * block, -1))
+        return kernel[:length]
+
     def _time_invariant(self, x, cache):
         """Convolution with `K_t = Re(Σ_n C_n B̄_n Ā_nᵗ)` by FFT, plus the decayed initial
         state when a cache is given."""
@@ -335,14 +362,13 @@ class StateSpaceMixer(keras.layers.Layer):
         if b_im is None:
             b_im = ops.zeros_like(b_re)
         cb_re, cb_im = _complex_mul(c_re, c_im, b_re, b_im)  # C B̄, [d, N]
+        y = _causal_fft_convolution(x, self._kernel(cb_re, cb_im, a_bar, length))
+        if cache is None:
+            return y, None
         steps = ops.cast(ops.arange(length), "float32")
         p_re, p_im = self._powers(a_bar, steps)  # Āᵗ, [T, d, N]
         if p_im is None:
             p_im = ops.zeros_like(p_re)
-        kernel = ops.sum(cb_re * p_re - cb_im * p_im, axis=-1)  # [T, d]
-        y = _causal_fft_convolution(x, kernel)
-        if cache is None:
-            return y, None
         # The initial state z₀ contributes Re(Σ_n C_n Āᵗ⁺¹ z₀) to o_t and Āᵀ z₀ to the state.
         h_re, h_im = cache[..., 0], cache[..., 1]  # [B, d, N]
         q_re, q_im = self._powers(a_bar, steps + 1.0)
@@ -364,18 +390,45 @@ class StateSpaceMixer(keras.layers.Layer):
         b_t = ops.matmul(x, self._weight(self.b_kernel))  # [B, T, N]
         c_t = ops.matmul(x, self._weight(self.c_kernel))
         a_real, _ = self._continuous_a()  # [d, N]
-        (a_bar, _), (b_bar, _) = discretize(
-            self.discretization, dt[..., None], a_real, None, ops.ones_like(a_real), None
-        )  # [B, T, d, N]
-        inputs = b_bar * b_t[:, :, None, :] * x[..., None]
-        if mask is not None:
-            # Padded steps hold the state: Ā = 1 and nothing enters.
-            a_bar = ops.where(mask[..., None] > 0, a_bar, 1.0)
+        if self.method == "chunked" and x.shape[1] is not None:
+            return self._selective_by_chunks(x, dt, b_t, c_t, a_real, mask, cache)
+        a_bar, inputs = self._selective_terms(x, dt, b_t, a_real, mask)
         states = linear_recurrence(
             a_bar, inputs, initial_state=cache, method=self.method, chunk_size=self.chunk_size
         )
         y = ops.einsum("btdn,btn->btd", states, c_t)
         return y, (None if cache is None else states[:, -1])
+
+    def _selective_terms(self, x, dt, b_t, a_real, mask):
+        """`Ā_t` and `B̄_t s_t`, `[B, T, d, N]`; padded steps hold the state (`Ā = 1`, and
+        nothing enters since `s_t = 0` there)."""
+        (a_bar, _), (b_bar, _) = discretize(
+            self.discretization, dt[..., None], a_real, None, ops.ones_like(a_real), None
+        )
+        inputs = b_bar * b_t[:, :, None, :] * x[..., None]
+        if mask is not None:
+            a_bar = ops.where(mask[..., None] > 0, a_bar, 1.0)
+        return a_bar, inputs
+
+    def _selective_by_chunks(self, x, dt, b_t, c_t, a_real, mask, cache):
+        """The chunked scan fused with its read-out, one chunk at a time: the `[B, c, d, N]`
+        terms and states of a chunk are built, scanned in parallel from the entering state
+        `h` (`z_t = ẑ_t + (Ā_1 ⋯ Ā_t) h`), read out by `C_t` and dropped, so that nothing of
+        size `[B, T, d, N]` is formed and the time grows linearly with `T`."""
+        valid = ops.ones_like(dt[..., :1]) if mask is None else mask  # [B, T, 1]
+        batch = ops.shape(x)[0]
+        state = cache if cache is not None else ops.zeros((batch, self.width, self.state_size))
+
+        def step(state, chunk):
+            x_c, dt_c, b_c, c_c, valid_c = chunk
+            # The zero padding of the last chunk is marked invalid: the state is held there.
+            a_bar, inputs = self._selective_terms(x_c, dt_c, b_c, a_real, valid_c)
+            products, states = prefix_scan(a_bar, inputs)
+            states = states + products * state[:, None]
+            return states[:, -1], ops.einsum("btdn,btn->btd", states, c_c)
+
+        state, y = scan_chunks(step, state, (x, dt, b_t, c_t, valid), self.chunk_size)
+        return y, (None if cache is None else state)
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
