@@ -36,7 +36,9 @@ pairs, 512 tokens, width 64, 4 heads, `feature_map="relu"`, `key_convolution=4`,
 of 32): `--mixer gated_linear` reached 91.0% held-out (training accuracy 4%, 20%, 60%, 84%,
 88%, 88%, 89%, 91%, 91%, 91% at steps 100-1,000) in 459 s of training, alone on the machine.
 It depends on the seed: `--seed 1` reached 65.4% (training accuracy 3%, 10%, 28%, 38%, 43%,
-59%, 64%, 65%, 65%, 66%; 449 s), its keys bound later and it levelled off.
+59%, 64%, 65%, 65%, 66%; 449 s), its keys bound later and it levelled off. On one GPU (JAX),
+seeds 0-3 at the defaults gave 90.9%, 82.3%, 43.5% and 54.4%: a run binds every key or levels
+off with some of them bound (`docs/design.md` lists what did not change that).
 With batches of 16 (1,200 steps) it levels off lower: 87.8% (seed 0), 87.7% (seed 1), 88.4%
 with `--key-convolution 2`, 88.1% after 2,000 steps; `feature_map="elu"` 80.2%;
 `"random_features"` with `--head-dim 32` stalled at 53%, and width 96 with `"relu"` at 42% (no
