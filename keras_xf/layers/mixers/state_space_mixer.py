@@ -427,7 +427,9 @@ class StateSpaceMixer(keras.layers.Layer):
             states = states + products * state[:, None]
             return states[:, -1], ops.einsum("btdn,btn->btd", states, c_c)
 
-        state, y = scan_chunks(step, state, (x, dt, b_t, c_t, valid), self.chunk_size)
+        # A call shorter than a chunk (a decoding step) is one chunk of its own length.
+        chunk = min(self.chunk_size, int(x.shape[1]))
+        state, y = scan_chunks(step, state, (x, dt, b_t, c_t, valid), chunk)
         return y, (None if cache is None else state)
 
     def compute_output_shape(self, inputs_shape):
