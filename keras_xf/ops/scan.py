@@ -158,16 +158,21 @@ def _associative(a, b, initial_state):
     return z
 
 
-def _chunked(a, b, initial_state, chunk_size):
-    length = b.shape[1]
+def _chunk_layout(x, chunk_size, caller):
+    """`(length, number of chunks, padding steps)` for the static length of `x` (axis 1)."""
+    length = x.shape[1]
     if length is None:
         raise ValueError(
-            "chunked_scan needs a static sequence length. Received: b.shape="
-            f"{b.shape}; use method='sequential' for a dynamic length"
+            f"{caller} needs a static sequence length. Received: shape={x.shape}; use "
+            "method='sequential' of linear_recurrence for a dynamic length"
         )
-    length = int(length)
+    length = int(length)  # an int also while PyTorch traces (a shape tensor there)
     num_chunks = -(-length // chunk_size)
-    pad = num_chunks * chunk_size - length
+    return length, num_chunks, num_chunks * chunk_size - length
+
+
+def _chunked(a, b, initial_state, chunk_size):
+    length, num_chunks, pad = _chunk_layout(b, chunk_size, "chunked_scan")
     if pad:
         # Identity steps (a = 1, b = 0) at the end leave the earlier states unchanged.
         widths = [(0, 0), (0, pad)] + [(0, 0)] * (len(b.shape) - 2)
@@ -242,15 +247,7 @@ def scan_chunks(step, initial_state, sequences, chunk_size):
     >>> total, cumulative = scan_chunks(step, ops.zeros((1,)), (ops.ones((1, 5)),), 2)
     """
     _check_chunk_size(chunk_size)
-    length = sequences[0].shape[1]
-    if length is None:
-        raise ValueError(
-            "scan_chunks needs a static sequence length. Received: shape="
-            f"{sequences[0].shape}"
-        )
-    length = int(length)
-    num_chunks = -(-length // chunk_size)
-    pad = num_chunks * chunk_size - length
+    length, num_chunks, pad = _chunk_layout(sequences[0], chunk_size, "scan_chunks")
     chunked = []
     for x in sequences:
         tail = list(x.shape[2:])
