@@ -93,7 +93,7 @@ def parse_args(argv=None):
     parser.add_argument("--hidden-dim", type=int, default=64)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--intermediate-dim", type=int, default=128)
-    parser.add_argument("--feature-map", choices=("elu", "relu", "random_features", "identity"),
+    parser.add_argument("--feature-map", choices=("elu", "relu", "taylor", "random_features", "identity"),
                         default="relu",
                         help="LinearAttention feature map (identity: normalize=False)")
     parser.add_argument("--key-convolution", type=int, default=4,

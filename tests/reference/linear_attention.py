@@ -8,8 +8,9 @@ import numpy as np
 
 
 def feature_map(x, kind, projection=None):
-    """`φ(x)`: `elu(x) + 1`, `relu(x)`, `x`, or the positive random features
-    `exp(ωᵀx′ − |x′|²/2)/√m` of `x′ = x / d_h^{1/4}` (Performer, FAVOR+)."""
+    """`φ(x)`: `elu(x) + 1`, `relu(x)`, `x`, the second-order Taylor features
+    `[1, x′, x′_i x′_j / √2 (all i, j)]`, or the positive random features
+    `exp(ωᵀx′ − |x′|²/2)/√m`, each of `x′ = x / d_h^{1/4}` (Performer, FAVOR+)."""
     x = np.asarray(x, np.float64)
     if kind == "elu":
         return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
@@ -17,6 +18,16 @@ def feature_map(x, kind, projection=None):
         return np.maximum(x, 0.0)
     if kind == "identity":
         return x
+    if kind == "taylor":
+        x = x * x.shape[-1] ** -0.25
+        d = x.shape[-1]
+        out = np.empty(x.shape[:-1] + (1 + d + d * d,))
+        out[..., 0] = 1.0
+        out[..., 1:1 + d] = x
+        for i in range(d):
+            for j in range(d):
+                out[..., 1 + d + i * d + j] = x[..., i] * x[..., j] / np.sqrt(2.0)
+        return out
     if kind == "random_features":
         x = x * x.shape[-1] ** -0.25
         m = projection.shape[-1]

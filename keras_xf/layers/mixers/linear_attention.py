@@ -3,6 +3,7 @@
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
@@ -11,7 +12,7 @@ from keras_xf.ops.convolution import rolling_cache
 from keras_xf.ops.linear_attention import causal_linear_attention
 from keras_xf.ops.linear_attention import linear_attention
 
-FEATURE_MAPS = ("elu", "relu", "random_features", "identity")
+FEATURE_MAPS = ("elu", "relu", "taylor", "random_features", "identity")
 DECAY_MODES = ("learned", "gated")
 
 
@@ -52,7 +53,11 @@ class LinearAttention(keras.layers.Layer):
     shifted token and the current one overlap.
 
     Feature maps `φ`: `"elu"` (`elu(x) + 1`), `"relu"`, `"identity"` (only with
-    `normalize=False`), and `"random_features"`, the positive random features of Performer
+    `normalize=False`), `"taylor"`, the second-order Taylor expansion of
+    `exp(q·k/√d_h)` (the feature map of Based): `φ(x) = [1, x, x_i x_j c_ij (i ≤ j)]` of
+    `x/d_h^{1/4}` with `c_ii = 1/√2`, `c_ij = 1`, so that `φ(q)·φ(k) = 1 + s + s²/2 > 0`
+    with `s = q·k/√d_h` (`m = 1 + d_h + d_h(d_h+1)/2` features: a larger state that keeps
+    more associations apart), and `"random_features"`, the positive random features of Performer
     (FAVOR+): `φ(x) = exp(ωᵀx − |x|²/2)/√m` applied to `x/d_h^{1/4}`, so that
     `φ(q)·φ(k) ≈ exp(q·k/√d_h)`; `ω ∈ R^{d_h×m}` is a non-trainable weight drawn from
     `N(0, 1)` (saved with the model), or redrawn at every training call when `redraw=True`
@@ -79,7 +84,7 @@ class LinearAttention(keras.layers.Layer):
         num_heads: int, heads `τ`.
         head_dim: int, width `d_h` of each head; defaults to `hidden_dim // num_heads`.
         output_dim: int, output width; defaults to the input width.
-        feature_map: one of `"elu"`, `"relu"`, `"random_features"`, `"identity"`.
+        feature_map: one of `"elu"`, `"relu"`, `"taylor"`, `"random_features"`, `"identity"`.
         num_features: int `m`, random features per head (only for `"random_features"`;
             defaults to `2·d_h`).
         redraw: bool, redraw `ω` at every training call (only for `"random_features"`).
@@ -238,6 +243,8 @@ class LinearAttention(keras.layers.Layer):
         """`m`, the width of `φ(x)` (the rows of `μ`)."""
         if self.feature_map == "random_features":
             return self.num_features or 2 * self.head_dim
+        if self.feature_map == "taylor":
+            return 1 + self.head_dim + self.head_dim * (self.head_dim + 1) // 2
         return self.head_dim
 
     def build(self, inputs_shape):
@@ -348,6 +355,14 @@ class LinearAttention(keras.layers.Layer):
         if self.feature_map == "identity":
             return x
         x = x * self.head_dim ** -0.25
+        if self.feature_map == "taylor":
+            # [1, x, x_i x_j c_ij (i ≤ j)] with c_ii = 1/√2, c_ij = 1: the products of the
+            # symmetric x xᵀ once each, so that φ(q)·φ(k) = 1 + s + s²/2, s = q·k/√d_h.
+            rows, cols = np.triu_indices(self.head_dim)
+            weights = ops.convert_to_tensor(np.where(rows == cols, math.sqrt(0.5), 1.0), "float32")
+            rows, cols = (ops.convert_to_tensor(i, "int32") for i in (rows, cols))
+            pairs = ops.take(x, rows, axis=-1) * ops.take(x, cols, axis=-1) * weights
+            return ops.concatenate([ops.ones_like(x[..., :1]), x, pairs], axis=-1)
         exponent = ops.einsum("bthk,km->bthm", x, projection)
         exponent = exponent - 0.5 * ops.sum(ops.square(x), axis=-1, keepdims=True)
         if is_query and self.normalize:

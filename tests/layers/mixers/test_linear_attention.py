@@ -72,6 +72,7 @@ CONFIGS = [
     dict(feature_map="elu"),
     dict(feature_map="relu"),
     dict(feature_map="random_features", num_features=12, seed=3),
+    dict(feature_map="taylor"),
     dict(feature_map="elu", decay=[0.5, 0.9]),
     dict(feature_map="relu", decay="learned", decay_init=[0.6, 0.95]),
     dict(feature_map="random_features", decay="gated", seed=1),
@@ -80,6 +81,7 @@ CONFIGS = [
     # Keys through a causal depthwise convolution (both forms, and with a gate).
     dict(feature_map="relu", key_convolution=3),
     dict(feature_map="elu", decay="gated", key_convolution=2),
+    dict(feature_map="taylor", decay="gated", key_convolution=2),
 ]
 
 
@@ -168,6 +170,19 @@ def test_random_features_approximate_softmax_attention(rng):
     mixed = ref.linear_attention(approx, keys, v, causal=False)[0]
     exact = ref.softmax_attention(q, k, v)
     assert np.abs(mixed - exact).mean() < 0.05 * np.abs(exact).mean() + 1e-3
+
+
+def test_taylor_features_give_the_second_order_expansion_of_exp(rng):
+    """`φ(q)·φ(k) = 1 + s + s²/2` with `s = q·k/√d_h` (the Taylor kernel of Based)."""
+    layer = LinearAttention(H, feature_map="taylor")
+    layer.build((B, T, D))
+    q, k = rng.normal(size=(2, B, T, H, D // H)).astype("float32")
+    features = [_np(layer._features(t, None, is_query)) for t, is_query in ((q, True), (k, False))]
+    dim = D // H  # the distinct products x_i x_j, i ≤ j
+    assert features[0].shape[-1] == layer.state_features == 1 + dim + dim * (dim + 1) // 2
+    s = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(D // H)
+    kernel = np.einsum("bthm,bshm->bhts", *features)
+    np.testing.assert_allclose(kernel, 1 + s + s * s / 2, rtol=1e-4, atol=1e-4)
 
 
 def test_redraw_draws_new_features_when_training(rng):
