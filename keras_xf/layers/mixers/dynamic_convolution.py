@@ -4,7 +4,6 @@ import keras
 from keras import ops
 
 from keras_xf.layers.mixers._convolution import HeadConvolution
-from keras_xf.ops.convolution import shifted_windows
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -17,9 +16,9 @@ class DynamicConvolution(HeadConvolution):
 
     `l = K − 1` when causal, `⌊(K − 1)/2⌋` when centred, `x` zero outside the sequence. The
     kernels, `[B, T, H, K]`, are normalised in float32 (DropConnect with `weight_dropout`
-    during training) and applied to the `K` shifted copies of the sequence stacked as
-    `[B, T, K, d]`: memory `O(T·K·d)`, linear in `T` (self-attention's weights are
-    `O(T²)`). With `use_glu=True` the input first goes through `GLU(x W^I)` (`d → 2d`; the
+    during training) and applied as a sum over the `K` shifted copies of the sequence, one
+    `[B, T, d]` product per tap (they are not stacked into `[B, T, K, d]`): memory `O(T·d)`
+    besides the kernels' `O(T·H·K)`, linear in `T` (self-attention's weights are `O(T²)`). With `use_glu=True` the input first goes through `GLU(x W^I)` (`d → 2d`; the
     kernels are predicted from its output) and the result through `W^O` (`d → d`).
 
     Causal decoding keeps a rolling cache of the last `K − 1` convolution inputs, `[B, K − 1,
@@ -71,11 +70,12 @@ class DynamicConvolution(HeadConvolution):
 
     def _mix(self, padded, signal, training):
         kernels = ops.cast(self.position_kernels(signal, training), signal.dtype)
-        windows = shifted_windows(padded, self.kernel_size)  # [B, T, K, d]
         batch, length = ops.shape(signal)[0], ops.shape(signal)[1]
         group = self.hidden_dim // self.num_heads
-        windows = ops.reshape(
-            windows, (batch, length, self.kernel_size, self.num_heads, group)
-        )
-        outputs = ops.einsum("btkhc,bthk->bthc", windows, kernels)
+        shifted = ops.reshape(padded, (batch, -1, self.num_heads, group))
+        # Tap j reads the copy shifted by j, x_{t−l+j}: a sum of K products, each [B, T, d].
+        outputs = 0.0
+        for j in range(self.kernel_size):
+            window = shifted[:, j:j + length]
+            outputs = outputs + window * kernels[:, :, :, j:j + 1]
         return ops.reshape(outputs, (batch, length, self.hidden_dim))
