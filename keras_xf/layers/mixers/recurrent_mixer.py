@@ -47,6 +47,12 @@ class RecurrentMixer(keras.layers.Layer):
         use_bias: bool, biases of the RNN and the output projection.
         kernel_initializer, recurrent_initializer, bias_initializer: initializers of the RNN
             (the output projection uses `kernel_initializer` and `bias_initializer`).
+        use_cudnn: `"auto"`, `True` or `False`, passed to the Keras layer: `"auto"` takes the
+            backend's fused kernel where it has one. On PyTorch without CUDA, Keras's fused
+            LSTM loop indexes one precomputed `[T, B, 4u]` projection per step, and the
+            gradient of each index is a zero tensor of the whole projection's size, so its
+            backward pass grows like `T²`; `False` takes Keras's generic loop instead (slower
+            per step at short lengths, linear backward).
         **kwargs: base `Layer` arguments (`name`, `dtype`, …).
 
     Call arguments:
@@ -86,6 +92,7 @@ class RecurrentMixer(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         recurrent_initializer="orthogonal",
         bias_initializer="zeros",
+        use_cudnn="auto",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -97,7 +104,12 @@ class RecurrentMixer(keras.layers.Layer):
             raise ValueError(
                 f"bidirectional must be a bool. Received: bidirectional={bidirectional!r}"
             )
+        if use_cudnn not in ("auto", True, False):
+            raise ValueError(
+                f"use_cudnn must be 'auto', True or False. Received: use_cudnn={use_cudnn!r}"
+            )
         self.cell = cell
+        self.use_cudnn = use_cudnn
         self.units = units
         self.bidirectional = bidirectional
         self.output_dim = output_dim
@@ -129,6 +141,7 @@ class RecurrentMixer(keras.layers.Layer):
             kernel_initializer=clone_initializer(self.kernel_initializer),
             recurrent_initializer=clone_initializer(self.recurrent_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
+            use_cudnn=self.use_cudnn,
             dtype=self.dtype_policy,
             name=self.cell,
         )
@@ -224,6 +237,7 @@ class RecurrentMixer(keras.layers.Layer):
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "recurrent_initializer": keras.initializers.serialize(self.recurrent_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "use_cudnn": self.use_cudnn,
             }
         )
         return config

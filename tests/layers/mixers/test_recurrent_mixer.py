@@ -99,6 +99,20 @@ def test_cached_decoding_equals_full_pass(rng, cell):
         np.testing.assert_allclose(_np(actual), wanted, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_use_cudnn_false_takes_the_generic_loop_with_the_same_result(rng, cell):
+    """`use_cudnn=False` reaches the Keras layer (the generic loop, no fused kernel) and
+    gives the reference's outputs without a mask, the case the fused kernels take."""
+    x = _inputs(rng)
+    layer = RecurrentMixer(cell, units=12, use_cudnn=False)
+    layer.build(x.shape)
+    assert layer.rnn.use_cudnn is False
+    weights = _set_random_weights(layer, rng)
+    expected, _ = _reference(layer, weights, x)
+    np.testing.assert_allclose(_np(layer(x)), expected, atol=1e-5, rtol=1e-4)
+    assert checks.check_config_round_trip(layer).use_cudnn is False
+
+
 def test_config_weights_fit_and_saving(rng, tmp_path):
     x, mask = _inputs(rng), _padding()
     layer = RecurrentMixer("gru", units=12, output_dim=10)
@@ -162,6 +176,7 @@ def test_bad_configs_and_calls_raise(rng):
         (dict(units=4.5), "units"),
         (dict(output_dim=-1), "output_dim"),
         (dict(bidirectional="yes"), "bidirectional"),
+        (dict(use_cudnn="yes"), "use_cudnn"),
     ]:
         with pytest.raises(ValueError, match=match):
             RecurrentMixer(**kwargs)
