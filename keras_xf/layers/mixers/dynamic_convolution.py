@@ -18,8 +18,9 @@ class DynamicConvolution(HeadConvolution):
     kernels, `[B, T, H, K]`, are normalised in float32 (DropConnect with `weight_dropout`
     during training) and applied as a sum over the `K` shifted copies of the sequence, one
     `[B, T, d]` product per tap (they are not stacked into `[B, T, K, d]`): memory `O(T·d)`
-    besides the kernels' `O(T·H·K)`, linear in `T` (self-attention's weights are `O(T²)`). With `use_glu=True` the input first goes through `GLU(x W^I)` (`d → 2d`; the
-    kernels are predicted from its output) and the result through `W^O` (`d → d`).
+    besides the kernels' `O(T·H·K)`, linear in `T` (self-attention's weights are `O(T²)`).
+    With `use_glu=True` the input first goes through `GLU(x W^I)` (`d → 2d`; the kernels are
+    predicted from its output) and the result through `W^O` (`d → d`).
 
     Causal decoding keeps a rolling cache of the last `K − 1` convolution inputs, `[B, K − 1,
     d]` in float32, independent of the context length.
