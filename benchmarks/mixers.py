@@ -71,6 +71,8 @@ MIXERS = {
     "dynamic_conv": _layer("DynamicConvolution", 31, HEADS, causal=True),
     "conformer_conv": _layer("ConformerConvolution", 31, causal=True, normalization="layer_norm"),
     "lstm": _layer("RecurrentMixer", "lstm"),
+    # Keras's generic step loop; on PyTorch's CPU the default fused loop has a quadratic backward.
+    "lstm_generic": _layer("RecurrentMixer", "lstm", use_cudnn=False),
     "average_attention": _layer("AverageAttention"),
     # The anchor: token-wise, exactly linear in n; its t(16k)/t(1k) is what the machine's
     # memory hierarchy alone adds (a 1k pass stays in cache, a 16k one does not).

@@ -43,10 +43,11 @@ TINY_RUNS = {
         ["test accuracy", "time:"],
     ),
     "long_range.py": (
-        ["--mixer", "gated_linear", "--sequence-length", "16", "--pairs", "2", "--steps", "2",
-         "--eval-examples", "4", "--batch-size", "4", "--num-layers", "2", "--hidden-dim", "16",
-         "--num-heads", "2", "--intermediate-dim", "16", "--verbose", "0"],
-        ["gated_linear: held-out accuracy", "time:"],
+        ["--mixer", "all", "--sequence-length", "16", "--pairs", "2", "--steps", "2",
+         "--eval-examples", "4", "--batch-size", "4", "--hidden-dim", "16", "--num-heads", "2",
+         "--intermediate-dim", "16", "--verbose", "0"],
+        ["gated_linear: held-out accuracy", "selective_ssm: held-out accuracy",
+         "attention: held-out accuracy", "time:"],
     ),
     "visual_qa.py": (
         ["--fusion", "both", "--max-train-images", "32", "--questions-per-image", "2",
