@@ -184,15 +184,14 @@ def make_blocks(name, args):
         mixer = StateSpaceMixer(args.state_size, selective=True, chunk_size=64)
     else:
         mixer = MultiHeadAttention(num_heads=args.num_heads, causal=True)
-    mixer_block = TransformerBlock(mixer, FeedForward(args.intermediate_dim), norm_placement="pre")
     kernel_size, _ = block_layout(name, args)
-    if not kernel_size:
-        return [mixer_block]
-    return [
-        TransformerBlock(DepthwiseConvolution(kernel_size, causal=True),
-                         FeedForward(args.intermediate_dim), norm_placement="pre"),
-        mixer_block,
-    ]
+    blocks = []
+    if kernel_size:
+        blocks.append(TransformerBlock(DepthwiseConvolution(kernel_size, causal=True),
+                                       FeedForward(args.intermediate_dim), norm_placement="pre"))
+    blocks.append(TransformerBlock(mixer, FeedForward(args.intermediate_dim),
+                                   norm_placement="pre"))
+    return blocks
 
 
 class RecallBatches(keras.utils.PyDataset):

@@ -239,6 +239,36 @@ def test_fit_step_and_keras_saving(rng, tmp_path):
     checks.check_saving(model, inputs, tmp_path, atol=1e-5)
 
 
+def test_dynamic_convolution_summed_in_blocks_matches_reference(rng, monkeypatch):
+    """A sequence longer than the block size is summed block by block (blocks of 3 positions
+    over 8: 3, 3 and 2), in both paddings, with the same result as the numpy equations."""
+    from keras_xf.layers.mixers import dynamic_convolution
+
+    layer = _built("dynamic", rng)
+    x = _inputs(rng)
+    mask = _padding()
+    whole = {causal: _np(layer(x, padding_mask=mask, use_causal_mask=causal))
+             for causal in (False, True)}
+    monkeypatch.setattr(dynamic_convolution, "POSITION_BLOCK", 3)
+    for causal in (False, True):
+        blocked = _np(layer(x, padding_mask=mask, use_causal_mask=causal))
+        np.testing.assert_allclose(blocked, _reference(layer, x, causal, mask), atol=1e-5,
+                                   rtol=1e-4)
+        np.testing.assert_allclose(blocked, whole[causal], atol=1e-6, rtol=1e-6)
+
+
+@checks.xla_only
+def test_dynamic_convolution_summed_in_blocks_compiles(rng, monkeypatch):
+    from keras_xf.layers.mixers import dynamic_convolution
+
+    monkeypatch.setattr(dynamic_convolution, "POSITION_BLOCK", 3)
+    x = _inputs(rng)
+    inputs = keras.Input(shape=x.shape[1:])
+    mask = keras.Input(shape=(T,), dtype="bool")
+    outputs = FACTORIES["dynamic"](causal=True)(inputs, padding_mask=mask)
+    checks.check_jit_compile(keras.Model([inputs, mask], outputs), [x, _padding()])
+
+
 @checks.xla_only
 def test_jit_compile(rng):
     x = _inputs(rng)
