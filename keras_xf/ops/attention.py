@@ -44,10 +44,21 @@ def masked_softmax(scores, mask=None, axis=-1):
     """
     scores = ops.cast(scores, "float32")
     if mask is None:
-        return ops.softmax(scores, axis=axis)
+        return _softmax(scores, axis)
     mask = ops.cast(mask, "bool")
-    weights = ops.softmax(ops.where(mask, scores, lowest_value("float32")), axis=axis)
+    weights = _softmax(ops.where(mask, scores, lowest_value("float32")), axis)
     return ops.where(mask, weights, ops.zeros_like(weights))
+
+
+def _softmax(x, axis):
+    """`ops.softmax`, or the same `exp(x − max) / Σ exp(x − max)` written out above rank 5:
+    TensorFlow's oneDNN CPU kernel, used on CPUs where oneDNN is on, refuses more than 5 dims
+    (the block-sparse scores are `[B, H, blocks, …]`, rank 6)."""
+    if len(x.shape) <= 5:
+        return ops.softmax(x, axis=axis)
+    shifted = x - ops.stop_gradient(ops.max(x, axis=axis, keepdims=True))
+    exponentials = ops.exp(shifted)
+    return exponentials / ops.sum(exponentials, axis=axis, keepdims=True)
 
 
 def repeat_kv_heads(tensor, num_heads):

@@ -36,6 +36,20 @@ def test_masked_softmax_is_float32_and_fully_masked_rows_are_zero(dtype):
     np.testing.assert_allclose(weights.sum(-1)[mask.any(-1)], 1.0, rtol=1e-5)
 
 
+def test_masked_softmax_above_rank_five_matches_reference(rng):
+    """Rank-6 scores (the block-sparse layout) take the written-out softmax: TensorFlow's
+    oneDNN CPU kernel refuses more than 5 dims."""
+    scores = rng.normal(size=(2, 1, 2, 1, 3, 4)).astype("float32") * 10
+    mask = rng.random(scores.shape) > 0.3
+    mask[0, 0, 1, 0, 2] = False  # one fully masked row
+    weights = to_numpy(xops.masked_softmax(scores, mask))
+    np.testing.assert_allclose(weights, ref.softmax_with_mask(scores, mask), rtol=1e-5,
+                               atol=1e-7)
+    np.testing.assert_array_equal(weights[0, 0, 1, 0, 2], 0.0)
+    unmasked = to_numpy(xops.masked_softmax(scores))
+    np.testing.assert_allclose(unmasked, ref.softmax_with_mask(scores), rtol=1e-5, atol=1e-7)
+
+
 def _random_qkv(rng, batch=2, tq=5, tk=6, heads=4, kv_heads=2, dim=8):
     q = rng.normal(size=(batch, tq, heads, dim)).astype("float32")
     k = rng.normal(size=(batch, tk, kv_heads, dim)).astype("float32")
