@@ -13,6 +13,49 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def device_memory_mb():
+    """`(in use, peak)` MB of the accelerator's memory, or None on a CPU (where the resident
+    memory of `peak_rss_mb` is the measure). JAX: the first device's allocator statistics;
+    PyTorch: `torch.cuda`'s; TensorFlow: `tf.config.experimental.get_memory_info`."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
+        if not stats:
+            return None
+        return stats["bytes_in_use"] / 2**20, stats.get("peak_bytes_in_use", 0) / 2**20
+    if backend == "torch":
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return torch.cuda.memory_allocated() / 2**20, torch.cuda.max_memory_allocated() / 2**20
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        return None
+    info = tf.config.experimental.get_memory_info("GPU:0")
+    return info["current"] / 2**20, info["peak"] / 2**20
+
+
+def device_name():
+    """The device a pass runs on: the accelerator's name, or "cpu"."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.devices()[0].device_kind
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    return gpus[0].name if gpus else "cpu"
+
+
 def sync(value):
     """Waits for asynchronous backends (JAX dispatch) by reading the result on the host."""
     keras.tree.map_structure(lambda t: keras.ops.convert_to_numpy(t), value)

@@ -5,12 +5,16 @@ memory of one mixer at growing lengths (survey §5.5).
 
 Each (mixer, length) runs in its own process, so that its peak resident memory is its own;
 "Δ MB" is the peak minus the resident memory after building the layer (compilation and the
-first pass included). One timed step is the loss `Σ y²` of `y = mixer(x)` and its gradient
-with respect to the inputs and every trainable weight: `jax.grad` under `jax.jit` on JAX,
-`tf.GradientTape` under `tf.function(jit_compile=True)` on TensorFlow, `.backward()` (eager)
-on PyTorch. Batch 1, width 256. Mixers come from `MIXERS` (`name -> factory`). Prints a table
-with the ratios t(16k)/t(1k) and m(16k)/m(4k) and writes `benchmarks/results/mixers_<backend>.json`.
-Never run by the test suite.
+first pass included). On an accelerator it is the device allocator's peak minus what was in
+use after building (`measure.device_memory_mb`), and the device's name is recorded. One timed
+step is the loss `Σ y²` of `y = mixer(x)` and its gradient with respect to the inputs and
+every trainable weight: `jax.grad` under `jax.jit` on JAX, `tf.GradientTape` under
+`tf.function(jit_compile=True)` on TensorFlow, `.backward()` (eager) on PyTorch. Batch 1,
+width 256. Mixers come from `MIXERS` (`name -> factory`). Prints a table with the ratios
+t(16k)/t(1k) and m(16k)/m(4k) and writes `benchmarks/results/mixers_<backend>.json` after
+every case (a run stopped early keeps what it measured). `--memory-limit-gb` raises the size
+at which full attention is skipped (an accelerator's memory); `--timing-seconds` shortens the
+timing of each case. Never run by the test suite.
 """
 
 import argparse
@@ -128,11 +132,12 @@ def gradient_step(layer, x):
     return step
 
 
-def run_case(mixer, length):
+def run_case(mixer, length, timing_seconds=3.0):
     """The measurement in this process: build, warm up (compile), time forward + backward."""
     import keras
     import numpy as np
 
+    from benchmarks.measure import device_memory_mb
     from benchmarks.measure import median_seconds
     from benchmarks.measure import peak_rss_mb
 
@@ -142,27 +147,35 @@ def run_case(mixer, length):
         rng.standard_normal((BATCH, length, WIDTH)).astype("float32"))
     layer.build(x.shape)
     baseline = peak_rss_mb()
+    device_baseline = device_memory_mb()
     step = gradient_step(layer, x)
-    # Enough repeats for about 3 s of timing (3 to 50): the short cases, the denominators of
-    # t(16k)/t(1k), take tens of milliseconds and vary by ±15% over 5 repeats.
+    # Enough repeats for about `timing_seconds` of timing (3 to 50): the short cases, the
+    # denominators of t(16k)/t(1k), take tens of milliseconds and vary by ±15% over 5 repeats.
     first = median_seconds(step, warmup=1, repeats=1)
-    repeats = max(3, min(50, int(3.0 / max(first, 1e-3))))
+    repeats = max(3, min(50, int(timing_seconds / max(first, 1e-3))))
     seconds = median_seconds(step, warmup=0, repeats=repeats)
-    return {"mixer": mixer, "length": length, "seconds": seconds,
-            "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb(), "repeats": repeats,
-            "parameters": layer.count_params()}
+    result = {"mixer": mixer, "length": length, "seconds": seconds,
+              "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb(), "repeats": repeats,
+              "parameters": layer.count_params()}
+    if device_baseline is not None:
+        # On an accelerator the pass's memory is the device's: its allocator's peak over the
+        # timed steps minus what was in use after building (the layer's weights and `x`).
+        result["baseline_rss_mb"], result["peak_rss_mb"] = device_baseline[0], device_memory_mb()[1]
+        result["memory"] = "device"
+    return result
 
 
-def spawn(mixer, length, backend, timeout):
-    if mixer == "attention" and attention_estimate_gb(length) > MEMORY_LIMIT_GB:
+def spawn(mixer, length, backend, timeout, memory_limit_gb=MEMORY_LIMIT_GB, timing_seconds=3.0):
+    if mixer == "attention" and attention_estimate_gb(length) > memory_limit_gb:
         return {"mixer": mixer, "length": length, "skipped":
                 f"skipped (memory): about {attention_estimate_gb(length):.0f} GiB of "
-                f"[B, H, n, n] float32 buffers (> {MEMORY_LIMIT_GB:g} GiB)"}
+                f"[B, H, n, n] float32 buffers (> {memory_limit_gb:g} GiB)"}
     environment = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
     start = time.perf_counter()
     try:
         process = subprocess.run(
-            [sys.executable, "-m", "benchmarks.mixers", "--case", f"{mixer}:{length}"],
+            [sys.executable, "-m", "benchmarks.mixers", "--case", f"{mixer}:{length}",
+             "--timing-seconds", str(timing_seconds)],
             capture_output=True, text=True, env=environment, timeout=timeout,
             cwd=pathlib.Path(__file__).resolve().parents[1],
         )
@@ -218,43 +231,60 @@ def table(results, lengths):
     return "\n".join(lines)
 
 
+def write(output, backend, device, note, results, lengths):
+    """Writes the results so far and their table to `output`; returns the table."""
+    text = table(results, lengths)
+    output.write_text(json.dumps({
+        "backend": backend, "device": device, "batch": BATCH, "width": WIDTH, "heads": HEADS,
+        "state": STATE, "load_average_at_end": os.getloadavg(), "note": note,
+        "results": results, "ratios": ratios(results, lengths), "table": text}, indent=2) + "\n")
+    return text
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", help="mixer:length, measured in this process")
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     parser.add_argument("--mixers", default=",".join(MIXERS))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
+    parser.add_argument("--memory-limit-gb", type=float, default=MEMORY_LIMIT_GB,
+                        help="skip full attention where its [B, H, n, n] buffers exceed this")
+    parser.add_argument("--timing-seconds", type=float, default=3.0,
+                        help="about how long each case is timed (3 to 50 repeats)")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. load)")
     parser.add_argument("--output", help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args()
     if args.case:
         mixer, length = args.case.split(":")
-        print("BENCHMARK_RESULT " + json.dumps(run_case(mixer, int(length))), flush=True)
+        print("BENCHMARK_RESULT " + json.dumps(run_case(mixer, int(length), args.timing_seconds)),
+              flush=True)
         return
     import keras
 
+    from benchmarks.measure import device_name
+
     backend = keras.config.backend()
+    device = device_name()
     lengths = [int(n) for n in args.lengths.split(",")]
     unknown = [m for m in args.mixers.split(",") if m not in MIXERS]
     if unknown:
         parser.error(f"unknown mixers {unknown}; choose from {list(MIXERS)}")
+    output = pathlib.Path(args.output or pathlib.Path(__file__).parent / "results" /
+                          f"mixers_{backend}.json")
     results = []
     for mixer in args.mixers.split(","):
         for length in lengths:
-            result = spawn(mixer, length, backend, args.timeout)
+            result = spawn(mixer, length, backend, args.timeout, args.memory_limit_gb,
+                           args.timing_seconds)
             status = result.get("skipped") or "{:.3f} s".format(result["seconds"])
             print(f"  {mixer} n={length}: {status}", flush=True)
             results.append(result)
-    text = table(results, lengths)
+            # Written after every case, so that a run stopped early keeps what it measured.
+            write(output, backend, device, args.note, results, lengths)
+    text = write(output, backend, device, args.note, results, lengths)
     load = os.getloadavg()
-    print(f"\nbackend {backend}, batch {BATCH}, width {WIDTH}, {HEADS} heads, state {STATE}, "
-          f"forward + backward (median); load average {load[0]:.1f}\n" + text)
-    output = pathlib.Path(args.output or pathlib.Path(__file__).parent / "results" /
-                          f"mixers_{backend}.json")
-    output.write_text(json.dumps({
-        "backend": backend, "batch": BATCH, "width": WIDTH, "heads": HEADS, "state": STATE,
-        "load_average_at_end": load, "note": args.note, "results": results,
-        "ratios": ratios(results, lengths), "table": text}, indent=2) + "\n")
+    print(f"\nbackend {backend} on {device}, batch {BATCH}, width {WIDTH}, {HEADS} heads, "
+          f"state {STATE}, forward + backward (median); load average {load[0]:.1f}\n" + text)
     print(f"written to {output}")
 
 

@@ -163,3 +163,82 @@ def test_bad_arguments_raise():
         linear_recurrence(a, a, method="chunked", chunk_size=0)
     with pytest.raises(ValueError, match="same rank"):
         linear_recurrence(np.ones((4, 2), "float32"), a)
+
+
+def _value_and_gradients(function, inputs, jit_compile=True):
+    """`function(*inputs)` (a scalar) and its gradients with respect to every input: under
+    `jax.jit` on JAX, in a `tf.function` (XLA or not) on TensorFlow, eager on PyTorch."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        step = jax.value_and_grad(function, argnums=tuple(range(len(inputs))))
+        value, grads = (jax.jit(step) if jit_compile else step)(*inputs)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function(jit_compile=jit_compile)
+        def step(*tensors):
+            with tf.GradientTape() as tape:
+                tape.watch(tensors)
+                value = function(*tensors)
+            return value, tape.gradient(value, tensors)
+
+        value, grads = step(*[tf.constant(x) for x in inputs])
+    else:
+        import torch
+
+        tensors = [torch.tensor(x, requires_grad=True) for x in inputs]
+        value = function(*tensors)
+        value.backward()
+        grads = [t.grad for t in tensors]
+    return checks.to_numpy(value), [checks.to_numpy(g) for g in grads]
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_time_loop_gradients_equal_the_associative_scans(rng, jit_compile):
+    """The time loop behind the sequential scan and `scan_chunks` writes its outputs with a
+    gradient of its own on TensorFlow (`_write_step`); its values and gradients, compiled and
+    not, equal those of the associative scan, which has no loop."""
+    a, b, z0 = _inputs(rng, shape=(2, 12, 3))
+    weights = rng.normal(size=b.shape).astype("float32")
+
+    def loss(method):
+        def function(a, b, z0):
+            z = linear_recurrence(a, b, initial_state=z0, method=method)
+            return keras.ops.sum(z * keras.ops.convert_to_tensor(weights))
+
+        return function
+
+    value, grads = _value_and_gradients(loss("sequential"), [a, b, z0], jit_compile)
+    expected_value, expected_grads = _value_and_gradients(loss("associative"), [a, b, z0])
+    np.testing.assert_allclose(
+        value, np.sum(reference.linear_recurrence(a, b, z0) * weights), rtol=1e-5)
+    np.testing.assert_allclose(value, expected_value, rtol=1e-5)
+    for grad, expected in zip(grads, expected_grads):
+        np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_scan_chunks_gradients_equal_a_cumulative_sum(rng):
+    """`scan_chunks` (a running sum, chunk by chunk) differentiates like `cumsum`: every chunk's
+    output reaches the inputs of its own and earlier chunks."""
+    x = rng.normal(size=(2, 10, 3)).astype("float32")
+    weights = rng.normal(size=x.shape).astype("float32")
+
+    def step(total, chunk):
+        (values,) = chunk
+        running = total[:, None] + keras.ops.cumsum(values, axis=1)
+        return running[:, -1], running * running
+
+    def chunked(x):
+        _, y = scan_chunks(step, keras.ops.zeros((2, 3)), (x,), 4)
+        return keras.ops.sum(y * keras.ops.convert_to_tensor(weights))
+
+    def direct(x):
+        y = keras.ops.cumsum(x, axis=1)
+        return keras.ops.sum(y * y * keras.ops.convert_to_tensor(weights))
+
+    value, (grad,) = _value_and_gradients(chunked, [x])
+    expected_value, (expected,) = _value_and_gradients(direct, [x])
+    np.testing.assert_allclose(value, expected_value, rtol=1e-5)
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
