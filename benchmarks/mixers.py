@@ -14,7 +14,17 @@ width 256. Mixers come from `MIXERS` (`name -> factory`). Prints a table with th
 t(16k)/t(1k) and m(16k)/m(4k) and writes `benchmarks/results/mixers_<backend>.json` after
 every case (a run stopped early keeps what it measured). `--memory-limit-gb` raises the size
 at which full attention is skipped (an accelerator's memory); `--timing-seconds` shortens the
-timing of each case. Never run by the test suite.
+timing of each case. Each result also records the minor page faults per timed step.
+
+Two options change the machine's side of a CPU run, never the mixers: `--malloc-hugepages`
+starts every case with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, so that glibc's `malloc`
+asks for transparent huge pages (`madvise`) on what it maps. On a CPU, XLA allocates each
+executable's temporary buffers per call; at 16k they exceed what a thread's heap can hold,
+so glibc maps them fresh and unmaps them at every step, and the pass touches them in 4 KiB
+page faults (about 64,000 a step for the `FeedForward` anchor). With huge pages the same
+bytes fault in 2 MiB pieces. `--no-xla` runs TensorFlow's step as a plain `tf.function`,
+which is what Keras's `fit` uses on a CPU-only TensorFlow (`jit_compile="auto"`).
+Never run by the test suite.
 """
 
 import argparse
@@ -90,9 +100,10 @@ def attention_estimate_gb(length):
     return 5 * BATCH * HEADS * length * length * 4 / 2**30
 
 
-def gradient_step(layer, x):
+def gradient_step(layer, x, xla=True):
     """A compiled (where the backend compiles) function returning the loss and the gradients
-    with respect to `x` and the layer's trainable weights."""
+    with respect to `x` and the layer's trainable weights. `xla=False`: TensorFlow's graph
+    without XLA."""
     import keras
 
     backend = keras.config.backend()
@@ -110,7 +121,7 @@ def gradient_step(layer, x):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        @tf.function(jit_compile=True)
+        @tf.function(jit_compile=xla)
         def step(inputs):
             with tf.GradientTape() as tape:
                 tape.watch(inputs)
@@ -132,8 +143,10 @@ def gradient_step(layer, x):
     return step
 
 
-def run_case(mixer, length, timing_seconds=3.0):
+def run_case(mixer, length, timing_seconds=3.0, xla=True):
     """The measurement in this process: build, warm up (compile), time forward + backward."""
+    import resource
+
     import keras
     import numpy as np
 
@@ -148,13 +161,16 @@ def run_case(mixer, length, timing_seconds=3.0):
     layer.build(x.shape)
     baseline = peak_rss_mb()
     device_baseline = device_memory_mb()
-    step = gradient_step(layer, x)
+    step = gradient_step(layer, x, xla)
     # Enough repeats for about `timing_seconds` of timing (3 to 50): the short cases, the
     # denominators of t(16k)/t(1k), take tens of milliseconds and vary by ±15% over 5 repeats.
     first = median_seconds(step, warmup=1, repeats=1)
     repeats = max(3, min(50, int(timing_seconds / max(first, 1e-3))))
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     seconds = median_seconds(step, warmup=0, repeats=repeats)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / repeats
     result = {"mixer": mixer, "length": length, "seconds": seconds,
+              "page_faults_per_step": round(faults),
               "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb(), "repeats": repeats,
               "parameters": layer.count_params()}
     if device_baseline is not None:
@@ -165,17 +181,21 @@ def run_case(mixer, length, timing_seconds=3.0):
     return result
 
 
-def spawn(mixer, length, backend, timeout, memory_limit_gb=MEMORY_LIMIT_GB, timing_seconds=3.0):
+def spawn(mixer, length, backend, timeout, memory_limit_gb=MEMORY_LIMIT_GB, timing_seconds=3.0,
+          malloc_hugepages=False, xla=True):
     if mixer == "attention" and attention_estimate_gb(length) > memory_limit_gb:
         return {"mixer": mixer, "length": length, "skipped":
                 f"skipped (memory): about {attention_estimate_gb(length):.0f} GiB of "
                 f"[B, H, n, n] float32 buffers (> {memory_limit_gb:g} GiB)"}
     environment = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    if malloc_hugepages:
+        tunables = [t for t in environment.get("GLIBC_TUNABLES", "").split(":") if t]
+        environment["GLIBC_TUNABLES"] = ":".join(tunables + ["glibc.malloc.hugetlb=1"])
     start = time.perf_counter()
     try:
         process = subprocess.run(
             [sys.executable, "-m", "benchmarks.mixers", "--case", f"{mixer}:{length}",
-             "--timing-seconds", str(timing_seconds)],
+             "--timing-seconds", str(timing_seconds)] + ([] if xla else ["--no-xla"]),
             capture_output=True, text=True, env=environment, timeout=timeout,
             cwd=pathlib.Path(__file__).resolve().parents[1],
         )
@@ -231,12 +251,14 @@ def table(results, lengths):
     return "\n".join(lines)
 
 
-def write(output, backend, device, note, results, lengths):
-    """Writes the results so far and their table to `output`; returns the table."""
+def write(output, backend, device, note, results, lengths, settings=None):
+    """Writes the results so far and their table to `output`; returns the table. `settings`:
+    the run's options (malloc huge pages, XLA), recorded with it."""
     text = table(results, lengths)
     output.write_text(json.dumps({
         "backend": backend, "device": device, "batch": BATCH, "width": WIDTH, "heads": HEADS,
         "state": STATE, "load_average_at_end": os.getloadavg(), "note": note,
+        "settings": settings or {},
         "results": results, "ratios": ratios(results, lengths), "table": text}, indent=2) + "\n")
     return text
 
@@ -251,12 +273,17 @@ def main():
                         help="skip full attention where its [B, H, n, n] buffers exceed this")
     parser.add_argument("--timing-seconds", type=float, default=3.0,
                         help="about how long each case is timed (3 to 50 repeats)")
+    parser.add_argument("--malloc-hugepages", action="store_true",
+                        help="start each case with GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
+    parser.add_argument("--no-xla", action="store_true",
+                        help="TensorFlow: tf.function without XLA (Keras fit's CPU default)")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. load)")
     parser.add_argument("--output", help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args()
     if args.case:
         mixer, length = args.case.split(":")
-        print("BENCHMARK_RESULT " + json.dumps(run_case(mixer, int(length), args.timing_seconds)),
+        print("BENCHMARK_RESULT " + json.dumps(run_case(mixer, int(length), args.timing_seconds,
+                                                       not args.no_xla)),
               flush=True)
         return
     import keras
@@ -271,17 +298,19 @@ def main():
         parser.error(f"unknown mixers {unknown}; choose from {list(MIXERS)}")
     output = pathlib.Path(args.output or pathlib.Path(__file__).parent / "results" /
                           f"mixers_{backend}.json")
+    settings = {"malloc_hugepages": args.malloc_hugepages,
+                "xla": None if backend == "torch" else backend == "jax" or not args.no_xla}
     results = []
     for mixer in args.mixers.split(","):
         for length in lengths:
             result = spawn(mixer, length, backend, args.timeout, args.memory_limit_gb,
-                           args.timing_seconds)
+                           args.timing_seconds, args.malloc_hugepages, not args.no_xla)
             status = result.get("skipped") or "{:.3f} s".format(result["seconds"])
             print(f"  {mixer} n={length}: {status}", flush=True)
             results.append(result)
             # Written after every case, so that a run stopped early keeps what it measured.
-            write(output, backend, device, args.note, results, lengths)
-    text = write(output, backend, device, args.note, results, lengths)
+            write(output, backend, device, args.note, results, lengths, settings)
+    text = write(output, backend, device, args.note, results, lengths, settings)
     load = os.getloadavg()
     print(f"\nbackend {backend} on {device}, batch {BATCH}, width {WIDTH}, {HEADS} heads, "
           f"state {STATE}, forward + backward (median); load average {load[0]:.1f}\n" + text)

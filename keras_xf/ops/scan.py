@@ -60,9 +60,10 @@ def _time_loop(step, init, xs, output_index=1):
     """`keras.ops.scan` over the leading (time) axis of `xs`, returning `(carry, ys)` with `ys`
     shaped like `xs[output_index]`.
 
-    On TensorFlow the loop is a `while_loop` with `maximum_iterations` writing into a buffer
-    (`_write_step`): Keras's TensorFlow `scan` has no iteration bound, and XLA cannot
-    differentiate an unbounded loop. On PyTorch it is a Python loop over `ops.unstack`
+    On TensorFlow the loop is a `while_loop` with `maximum_iterations` (Keras's TensorFlow
+    `scan` has no iteration bound, and XLA cannot differentiate an unbounded loop): under XLA
+    it writes into a buffer (`_write_step`), elsewhere it reads and writes `TensorArray`s
+    (`_tensor_array_loop`). On PyTorch it is a Python loop over `ops.unstack`
     slices: the slices `x[i]` of Keras's PyTorch `scan` each send back a gradient the size of
     the whole `x`, so its backward pass was quadratic in the number of steps. JAX uses
     `keras.ops.scan` (`lax.scan`).
@@ -77,6 +78,8 @@ def _time_loop(step, init, xs, output_index=1):
     if backend != "tensorflow":
         return ops.scan(step, init, xs)
     length = xs[0].shape[0]
+    if not _in_xla_context():
+        return _tensor_array_loop(step, init, xs, output_index)
 
     def body(index, carry, buffer):
         carry, y = step(carry, tuple(ops.take(x, index, axis=0) for x in xs))
@@ -89,6 +92,50 @@ def _time_loop(step, init, xs, output_index=1):
         maximum_iterations=length,
     )
     return carry, ys
+
+
+def _in_xla_context():
+    """Whether TensorFlow is tracing for XLA (`tf.function(jit_compile=True)`, which is what
+    Keras's `jit_compile=True` uses): the graph or one of its outer graphs is in an XLA
+    control-flow context. Where TensorFlow's module has moved, the loop takes the form that
+    serves both (the scatter of `_write_step`)."""
+    import tensorflow as tf
+
+    try:
+        from tensorflow.python.ops import control_flow_util
+
+        return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    except (ImportError, AttributeError):
+        return True
+
+
+def _tensor_array_loop(step, init, xs, output_index):
+    """The time loop of TensorFlow's graphs without XLA (Keras's `fit` on a CPU-only
+    TensorFlow, eager calls): the inputs are read from `TensorArray`s and the outputs written
+    into one. There a step's slice `x[i]` of a captured tensor sends back a gradient the size
+    of the whole `x` (a dense sum at every backward step), and the scatter of `_write_step`
+    copies the whole buffer at every forward step, so both grew with the square of the number
+    of steps; a `TensorArray` reads, writes and sends back one step at a time."""
+    import tensorflow as tf
+
+    length = xs[0].shape[0]
+    inputs = [
+        tf.TensorArray(x.dtype, size=length, element_shape=x.shape[1:]).unstack(x) for x in xs
+    ]
+    target = xs[output_index]
+    outputs = tf.TensorArray(target.dtype, size=length, element_shape=target.shape[1:])
+
+    def body(index, carry, outputs):
+        carry, y = step(carry, tuple(x.read(index) for x in inputs))
+        return index + 1, carry, outputs.write(index, y)
+
+    _, carry, outputs = tf.while_loop(
+        lambda index, carry, outputs: index < length,
+        body,
+        (tf.constant(0, "int32"), init, outputs),
+        maximum_iterations=length,
+    )
+    return carry, outputs.stack()
 
 
 _WRITE_GRADIENT = "KerasXfTimeLoopWrite"
@@ -163,23 +210,28 @@ def _prefix_scan(a, b):
         a = ops.concatenate([a, ops.ones_like(a[:, :1])], axis=1)
         b = ops.concatenate([b, ops.zeros_like(b[:, :1])], axis=1)
     half = even_length // 2
-    pairs_a = ops.reshape(a, [-1, half, 2] + tail)
-    pairs_b = ops.reshape(b, [-1, half, 2] + tail)
-    a_even, a_odd = pairs_a[:, :, 0], pairs_a[:, :, 1]
-    b_even, b_odd = pairs_b[:, :, 0], pairs_b[:, :, 1]
+    # Unstacked and split rather than sliced: in TensorFlow's graphs without XLA the gradient
+    # of a slice fills a zero tensor of the whole input, at every level and chunk.
+    a_even, a_odd = ops.unstack(ops.reshape(a, [-1, half, 2] + tail), num=2, axis=2)
+    b_even, b_odd = ops.unstack(ops.reshape(b, [-1, half, 2] + tail), num=2, axis=2)
     # Prefixes ending at the odd positions 1, 3, 5, ...
     odd_a, odd_b = _prefix_scan(*_combine((a_even, b_even), (a_odd, b_odd)))
     # Prefixes ending at the even positions 0, 2, 4, ...: the previous odd prefix (the
     # identity before position 0), then the element.
-    previous_a = ops.concatenate([ops.ones_like(odd_a[:, :1]), odd_a[:, :-1]], axis=1)
-    previous_b = ops.concatenate([ops.zeros_like(odd_b[:, :1]), odd_b[:, :-1]], axis=1)
+    previous_a = ops.concatenate([ops.ones_like(odd_a[:, :1]), _drop_last(odd_a)], axis=1)
+    previous_b = ops.concatenate([ops.zeros_like(odd_b[:, :1]), _drop_last(odd_b)], axis=1)
     even_a, even_b = _combine((previous_a, previous_b), (a_even, b_even))
 
     def interleave(even, odd):
         merged = ops.reshape(ops.stack([even, odd], axis=2), [-1, even_length] + tail)
-        return merged[:, :length] if length % 2 else merged
+        return _drop_last(merged) if length % 2 else merged
 
     return interleave(even_a, odd_a), interleave(even_b, odd_b)
+
+
+def _drop_last(x):
+    """`x[:, :-1]`, as a split (see `_prefix_scan`)."""
+    return ops.split(x, [x.shape[1] - 1], axis=1)[0]
 
 
 def _associative(a, b, initial_state):

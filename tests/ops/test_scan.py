@@ -219,9 +219,11 @@ def test_time_loop_gradients_equal_the_associative_scans(rng, jit_compile):
         np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_scan_chunks_gradients_equal_a_cumulative_sum(rng):
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_scan_chunks_gradients_equal_a_cumulative_sum(rng, jit_compile):
     """`scan_chunks` (a running sum, chunk by chunk) differentiates like `cumsum`: every chunk's
-    output reaches the inputs of its own and earlier chunks."""
+    output reaches the inputs of its own and earlier chunks, compiled and not (TensorFlow's
+    loop without XLA reads and writes `TensorArray`s)."""
     x = rng.normal(size=(2, 10, 3)).astype("float32")
     weights = rng.normal(size=x.shape).astype("float32")
 
@@ -238,7 +240,47 @@ def test_scan_chunks_gradients_equal_a_cumulative_sum(rng):
         y = keras.ops.cumsum(x, axis=1)
         return keras.ops.sum(y * y * keras.ops.convert_to_tensor(weights))
 
-    value, (grad,) = _value_and_gradients(chunked, [x])
+    value, (grad,) = _value_and_gradients(chunked, [x], jit_compile)
     expected_value, (expected,) = _value_and_gradients(direct, [x])
     np.testing.assert_allclose(value, expected_value, rtol=1e-5)
     np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
+
+
+def _graph_op_types(concrete):
+    """Every op type of a concrete TensorFlow function, its loop bodies and gradients included."""
+    graph_def = concrete.graph.as_graph_def()
+    types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        types.update(node.op for node in function.node_def)
+    return types
+
+
+@pytest.mark.skipif(keras.config.backend() != "tensorflow",
+                    reason="the two forms of the time loop are TensorFlow's (JAX runs lax.scan, "
+                           "PyTorch a Python loop)")
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_tensorflow_time_loop_form_follows_xla(rng, jit_compile):
+    """Under XLA the loop writes by scatter (linear there, `_write_step`); without XLA, where a
+    scatter copies its whole buffer and the gradient of a slice of a captured input is summed
+    densely at every step, it reads and writes `TensorArray`s. Both differentiate alike."""
+    import tensorflow as tf
+
+    x = tf.constant(rng.normal(size=(2, 10, 3)).astype("float32"))
+
+    @tf.function(jit_compile=jit_compile)
+    def gradient(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = sequential_scan(keras.ops.full_like(x, 0.5), x)
+            value = tf.reduce_sum(y * y)
+        return tape.gradient(value, x)
+
+    types = _graph_op_types(gradient.get_concrete_function(x))
+    if jit_compile:
+        assert "TensorScatterUpdate" in types
+        assert not {"TensorListGetItem", "TensorListSetItem"} & types
+    else:
+        assert "TensorScatterUpdate" not in types and "UnsortedSegmentSum" not in types
+        assert {"TensorListGetItem", "TensorListSetItem"} <= types
+    expected = tf.function(gradient.python_function, jit_compile=not jit_compile)(x)
+    np.testing.assert_allclose(gradient(x).numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)

@@ -402,12 +402,14 @@ class StateSpaceMixer(keras.layers.Layer):
     def _selective_terms(self, x, dt, b_t, a_real, mask):
         """`Ā_t` and `B̄_t s_t`, `[B, T, d, N]`; padded steps hold the state (`Ā = 1`, and
         nothing enters since `s_t = 0` there)."""
+        # `expand_dims` rather than `[..., None]`: in TensorFlow's graphs without XLA the
+        # gradient of an indexing op fills a zero tensor of its whole input.
         (a_bar, _), (b_bar, _) = discretize(
-            self.discretization, dt[..., None], a_real, None, ops.ones_like(a_real), None
+            self.discretization, ops.expand_dims(dt, -1), a_real, None, ops.ones_like(a_real), None
         )
-        inputs = b_bar * b_t[:, :, None, :] * x[..., None]
+        inputs = b_bar * ops.expand_dims(b_t, 2) * ops.expand_dims(x, -1)
         if mask is not None:
-            a_bar = ops.where(mask[..., None] > 0, a_bar, 1.0)
+            a_bar = ops.where(ops.expand_dims(mask, -1) > 0, a_bar, 1.0)
         return a_bar, inputs
 
     def _selective_by_chunks(self, x, dt, b_t, c_t, a_real, mask, cache):
@@ -424,8 +426,9 @@ class StateSpaceMixer(keras.layers.Layer):
             # The zero padding of the last chunk is marked invalid: the state is held there.
             a_bar, inputs = self._selective_terms(x_c, dt_c, b_c, a_real, valid_c)
             products, states = prefix_scan(a_bar, inputs)
-            states = states + products * state[:, None]
-            return states[:, -1], ops.einsum("btdn,btn->btd", states, c_c)
+            states = states + products * ops.expand_dims(state, 1)
+            last = ops.squeeze(ops.split(states, [states.shape[1] - 1], axis=1)[1], 1)
+            return last, ops.einsum("btdn,btn->btd", states, c_c)
 
         # A call shorter than a chunk (a decoding step) is one chunk of its own length.
         chunk = min(self.chunk_size, int(x.shape[1]))
