@@ -192,8 +192,8 @@ def _prefix_scan(a, b):
     The odd/even recursion of Blelloch (as in `jax.lax.associative_scan`): combine neighbouring
     pairs, scan the half-length sequence, then fill in the even positions; `O(T)` work and
     `O(log T)` depth. Pairs are formed by reshaping (an odd length gets one identity step,
-    `a = 1, b = 0`), so that every backend sees static shapes and plain slices (Keras's
-    TensorFlow `associative_scan` does not compile under XLA).
+    `a = 1, b = 0`), so that every backend sees static shapes and only reshapes, unstacks and
+    splits (Keras's TensorFlow `associative_scan` does not compile under XLA).
     """
     length = b.shape[1]
     if length is None:
