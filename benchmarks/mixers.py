@@ -298,8 +298,11 @@ def main():
         parser.error(f"unknown mixers {unknown}; choose from {list(MIXERS)}")
     output = pathlib.Path(args.output or pathlib.Path(__file__).parent / "results" /
                           f"mixers_{backend}.json")
+    if args.no_xla and backend != "tensorflow":
+        parser.error(f"--no-xla is for TensorFlow's step only. Received: KERAS_BACKEND={backend}")
+    # JAX's step is always `jax.jit`; PyTorch's is eager.
     settings = {"malloc_hugepages": args.malloc_hugepages,
-                "xla": None if backend == "torch" else backend == "jax" or not args.no_xla}
+                "xla": {"jax": True, "torch": None}.get(backend, not args.no_xla)}
     results = []
     for mixer in args.mixers.split(","):
         for length in lengths:
