@@ -30,6 +30,22 @@ def clone_layer(layer, **config_overrides):
     return keras.saving.deserialize_keras_object(serialized)
 
 
+def as_layer(layer, name, optional=False):
+    """`layer` itself when it is a Keras layer, a new layer when it is a serialised layer
+    config (from `keras.saving.serialize_keras_object`), `None` when it is `None` and
+    `optional`; otherwise a `ValueError` naming the argument `name`."""
+    if layer is None and optional:
+        return None
+    if isinstance(layer, keras.layers.Layer):
+        return layer
+    if isinstance(layer, dict) and "class_name" in layer and "config" in layer:
+        return clone_layer(layer)
+    raise ValueError(
+        f"{name} must be a Keras layer or a serialised layer config. Received: "
+        f"{name}={layer!r} of type {type(layer).__name__}"
+    )
+
+
 def with_dtype_policy(layer, policy):
     """`layer` itself when it already uses `policy` (or is built); else an unbuilt copy that
     uses it. Lets a block's `dtype` reach the sub-layers it was given."""

@@ -1,0 +1,128 @@
+"""Checks of call inputs and constructor arguments, shared by every public layer and model.
+
+Each check reads static shapes only (no tensor values, so everything still compiles) and
+raises a `ValueError` that names the argument, what was expected and what was received. A
+dimension unknown at trace time (`None`) is not compared: it is checked again when the
+layer runs with concrete shapes.
+"""
+
+import keras
+
+
+def static_dim(dim):
+    """`dim` as an int, or `None` when it is unknown at trace time."""
+    return dim if isinstance(dim, int) else None
+
+
+def _dims_differ(received, expected):
+    received, expected = static_dim(received), static_dim(expected)
+    return received is not None and expected is not None and received != expected
+
+
+def _shape(tensor):
+    return tuple(tensor.shape)
+
+
+def check_rank(name, tensor, ranks, layout):
+    """`tensor` has one of `ranks` (an int or a tuple of ints); `layout` describes it."""
+    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    if len(tensor.shape) not in ranks:
+        raise ValueError(
+            f"{name} must have rank {' or '.join(str(r) for r in ranks)} {layout}. "
+            f"Received: {name}.shape={_shape(tensor)}"
+        )
+
+
+def check_padding_mask(padding_mask, inputs, name="padding_mask", inputs_name="inputs"):
+    """A padding mask `[batch, length]` matching the first two axes of `inputs`.
+
+    Returns the mask unchanged, or `None` when it is `None`.
+    """
+    if padding_mask is None:
+        return None
+    expected = _shape(inputs)[:2]
+    shape = _shape(padding_mask)
+    if len(shape) != 2 or any(_dims_differ(r, e) for r, e in zip(shape, expected)):
+        raise ValueError(
+            f"{name} must have shape [batch, length] = {expected}, matching "
+            f"{inputs_name}.shape={_shape(inputs)}. Received: {name}.shape={shape}"
+        )
+    return padding_mask
+
+
+def check_attention_matrix(matrix, name, batch_size, query_length, key_length, num_heads=None):
+    """A matrix over query and key positions: `[batch, T, S]`, or `[batch, H, T, S]` with `H`
+    equal to `num_heads` (or 1). Used for `attention_mask`, `attention_bias`,
+    `attention_multiplier` and attention weights given from outside.
+
+    Returns the matrix unchanged, or `None` when it is `None`.
+    """
+    if matrix is None:
+        return None
+    shape = _shape(matrix)
+    heads = "H" if num_heads is None else f"num_heads={num_heads}"
+    layout = (
+        f"[batch, query_length, key_length] = ({batch_size}, {query_length}, {key_length}) "
+        f"or [batch, {heads} or 1, query_length, key_length]"
+    )
+    problem = len(shape) not in (3, 4)
+    if not problem:
+        batch, queries, keys = shape[0], shape[-2], shape[-1]
+        problem = (
+            _dims_differ(batch, batch_size)
+            or _dims_differ(queries, query_length)
+            or _dims_differ(keys, key_length)
+        )
+        if len(shape) == 4 and num_heads is not None:
+            problem = problem or static_dim(shape[1]) not in (None, 1, num_heads)
+    if problem:
+        raise ValueError(f"{name} must have shape {layout}. Received: {name}.shape={shape}")
+    return matrix
+
+
+def check_positive_number(name, value, allow_zero=False):
+    """A real number `> 0` (or `>= 0` with `allow_zero`), not a bool."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        ok = value >= 0 if allow_zero else value > 0
+    if not ok:
+        kind = "a non-negative number" if allow_zero else "a positive number"
+        raise ValueError(f"{name} must be {kind}. Received: {name}={value!r}")
+    return value
+
+
+def check_positive_int(name, value, minimum=1):
+    """An int `>= minimum`, not a bool."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {kind}. Received: {name}={value!r}")
+    return value
+
+
+def check_rate(name, value):
+    """A rate in `[0, 1)` (dropout)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
+    if not ok:
+        raise ValueError(f"{name} must be a number in [0, 1). Received: {name}={value!r}")
+    return value
+
+
+def get_initializer(name, value):
+    """`keras.initializers.get(value)`, raising a `ValueError` that names the argument."""
+    try:
+        return keras.initializers.get(value)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"{name} must be a Keras initializer, its name or its config. Received: "
+            f"{name}={value!r} ({error})"
+        ) from None
+
+
+def get_activation(name, value):
+    """`keras.activations.get(value)`, raising a `ValueError` that names the argument."""
+    try:
+        return keras.activations.get(value)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"{name} must be a Keras activation or its name. Received: {name}={value!r} ({error})"
+        ) from None
