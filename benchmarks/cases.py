@@ -154,8 +154,8 @@ def train_xf_bf16():
     keras.config.set_dtype_policy("mixed_bfloat16")
     keras.utils.set_random_seed(c.SEED)
     if keras.config.backend() == "torch" and not _torch_on_gpu():
-        # Eager PyTorch runs bf16 matmuls on this CPU (AVX2, no AVX512-BF16) through a slow
-        # fallback, seconds per step: time fewer steps so that the case ends in minutes.
+        # Without bf16 hardware (AVX512-BF16, AMX) eager PyTorch emulates bf16 matmuls slowly:
+        # time fewer steps so that the case ends in minutes.
         c.TRAIN_STEPS, c.REPEATS = c.TORCH_BF16_STEPS, 1
     return _fit_throughput(models.xf_causal_lm())
 

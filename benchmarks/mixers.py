@@ -162,8 +162,8 @@ def run_case(mixer, length, timing_seconds=3.0, xla=True):
     baseline = peak_rss_mb()
     device_baseline = device_memory_mb()
     step = gradient_step(layer, x, xla)
-    # Enough repeats for about `timing_seconds` of timing (3 to 50): the short cases, the
-    # denominators of t(16k)/t(1k), take tens of milliseconds and vary by ±15% over 5 repeats.
+    # Enough repeats for about `timing_seconds` of timing (3 to 50): the short cases are the
+    # denominators of t(16k)/t(1k), and a few repeats of them are noisy.
     first = median_seconds(step, warmup=1, repeats=1)
     repeats = max(3, min(50, int(timing_seconds / max(first, 1e-3))))
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -1,11 +1,11 @@
 """Train a character-level CausalLM on Shakespeare, then generate, save, reload and export.
 
-This is `make demo`. It trains for about three minutes on a 2-core CPU with Keras's progress
+This is `make demo`. It trains for three minutes (`--minutes`) with Keras's progress
 bar, reports validation perplexity next to a unigram model's, samples text from a prompt,
 saves a `.keras` file, reloads it (checking identical outputs) and exports a SavedModel
 (TensorFlow and JAX backends; ONNX on PyTorch, see docs/export.md).
 
-    KERAS_BACKEND=jax python examples/train_lm.py            # about 3 minutes
+    KERAS_BACKEND=jax python examples/train_lm.py            # three minutes of training
     KERAS_BACKEND=torch python examples/train_lm.py --minutes 0.2 --output /tmp/lm
     KERAS_BACKEND=jax python examples/train_lm.py --experts 8   # MoE feedforwards
 """

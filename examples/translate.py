@@ -19,9 +19,8 @@ Run (any backend):
     python examples/translate.py --examples 64 --epochs 1 --eval-examples 8   # smoke test
 
 With the defaults (reverse, up to 10 digits) it reaches >= 95% beam-search exact match on
-held-out data in 1.5 to 3.5 minutes on a shared 2-core CPU (100% on all three backends in our
-runs). `--task add` is harder: `--task add --max-digits 3 --examples 30000 --epochs 8` gave
-60% exact match in about 3 minutes (JAX); it needs a longer run to be solved.
+held-out data in a few minutes on a CPU, on every backend. `--task add` is harder and needs a
+longer run than the command above to be solved.
 """
 
 import argparse
@@ -113,8 +112,7 @@ def main(argv=None):
         import torch
 
         # The ops of a model this small are tiny: with several threads PyTorch spends more
-        # time handing work between them than computing (about 4x slower per step on a
-        # busy 2-core CPU). Set OMP_NUM_THREADS to choose otherwise.
+        # time handing work between them than computing. Set OMP_NUM_THREADS to choose otherwise.
         torch.set_num_threads(1)
     keras.utils.set_random_seed(args.seed)
     rng = np.random.default_rng(args.seed)

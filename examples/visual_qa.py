@@ -22,18 +22,15 @@ Run (any backend):
 Set-up that matters: learned text positions (`--position learned`) and token embeddings
 scaled by √d (`VisionLanguageLM(embedding_scale=True)`; `--no-embedding-scale` turns it off).
 Keras embeddings start at ±0.05 while a sinusoidal table's entries and the image states are of
-size ~1, which drowns the question words: with sinusoidal positions earlier runs stalled near
-60% (the model answered "is it odd ?" exactly as "is it even ?"), and without the scale the
-prefix decoder on PyTorch (seed 0) stalled at 63.7% although JAX trained the same initial
-weights to 96%. Also an image encoder in front of the decoder in both forms (`--vision-layers
-2`; without one the prefix decoder, which must recognize the digit and reason about it in the
-same two layers, reached 84% in 15 epochs), AdamW with linear warm-up and cosine decay, and
-the loss on the answer and end tokens only. Teacher-forced and generated answers agree, so the
-generation path is not the limit.
+size ~1, which drowns the question words: without these two, training may never learn to tell
+"is it odd ?" from "is it even ?". Also an image encoder in front of the decoder in both forms
+(`--vision-layers 2`; without one the prefix decoder must recognise the digit and reason about
+it in the same two layers), AdamW with linear warm-up and cosine decay, and the loss on the
+answer and end tokens only. Teacher-forced and generated answers agree, so the generation path
+is not the limit.
 
-Measured with the default arguments (2154 test questions per form, a shared 2-core CPU, two
-runs side by side): JAX prefix 97.2% / cross-attention 95.5% (306 s for both); TensorFlow
-97.1% / 96.3% (520 s); PyTorch 96.8% / 97.9% (259 s and 261 s, one form per run).
+With the default arguments both forms answer over 95% of the test questions exactly on every
+backend, in a few minutes on a CPU.
 """
 
 import argparse

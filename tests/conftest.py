@@ -4,7 +4,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Tests run tiny shapes, where XLA's LLVM optimisation passes cost far more compile time than
-# they save at run time (about a third of the JAX suite). Subprocesses inherit the flag.
+# they save at run time. Subprocesses inherit the flag.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"

@@ -57,7 +57,7 @@ TINY_RUNS = {
         ["prefix exact-answer accuracy", "cross_attention exact-answer accuracy", "time:"],
     ),
 }
-TIMEOUT_SECONDS = 300  # generous: the machine may be shared; a tiny run takes well under 30 s.
+TIMEOUT_SECONDS = 300  # generous: a tiny run is short, but the machine may be shared.
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=[path.name for path in EXAMPLES])
