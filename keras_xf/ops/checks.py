@@ -126,3 +126,57 @@ def get_activation(name, value):
         raise ValueError(
             f"{name} must be a Keras activation or its name. Received: {name}={value!r} ({error})"
         ) from None
+
+
+def check_sequence_width(inputs, width=None, name="inputs"):
+    """A sequence `[batch, length, dim]` whose `dim` is `width`, the width the layer was built
+    for (`None`: any width)."""
+    check_rank(name, inputs, 3, "[batch, length, dim]")
+    if width is not None and _dims_differ(inputs.shape[-1], width):
+        raise ValueError(
+            f"{name} must have shape [batch, length, {width}]: the layer was built for width "
+            f"{width}. Received: {name}.shape={_shape(inputs)}"
+        )
+    return inputs
+
+
+def check_width(inputs, width, name="inputs"):
+    """A tensor `[..., width]` of any rank >= 2, `width` being the one the layer was built for."""
+    shape = _shape(inputs)
+    if len(shape) < 2 or _dims_differ(shape[-1], width):
+        raise ValueError(
+            f"{name} must have shape [..., {width}] (rank 2 or more): the layer was built for "
+            f"width {width}. Received: {name}.shape={shape}"
+        )
+    return inputs
+
+
+def check_state(state, name, shape):
+    """A cache or state tensor of `shape` (`None` entries: any size on that axis)."""
+    received = _shape(state) if hasattr(state, "shape") else None
+    if (
+        received is None
+        or len(received) != len(shape)
+        or any(_dims_differ(r, e) for r, e in zip(received, shape))
+    ):
+        what = f"{name}.shape={received}" if received is not None else (
+            f"{name} of type {type(state).__name__}"
+        )
+        raise ValueError(f"{name} must have shape {tuple(shape)}. Received: {what}")
+    return state
+
+
+def check_states(states, name, shapes):
+    """A tuple (or list) of cache or state tensors, one of each shape in `shapes`."""
+    if not isinstance(states, (tuple, list)) or len(states) != len(shapes):
+        received = (
+            f"{len(states)} tensors" if isinstance(states, (tuple, list))
+            else f"a {type(states).__name__}"
+        )
+        raise ValueError(
+            f"{name} must be a tuple of {len(shapes)} tensors of shapes "
+            f"{', '.join(str(tuple(s)) for s in shapes)}. Received: {received}"
+        )
+    for i, (state, shape) in enumerate(zip(states, shapes)):
+        check_state(state, f"{name}[{i}]", shape)
+    return states
