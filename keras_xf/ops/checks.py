@@ -6,6 +6,8 @@ dimension unknown at trace time (`None`) is not compared: it is checked again wh
 layer runs with concrete shapes.
 """
 
+import numbers
+
 import keras
 
 
@@ -92,11 +94,11 @@ def check_positive_number(name, value, allow_zero=False):
 
 
 def check_positive_int(name, value, minimum=1):
-    """An int `>= minimum`, not a bool."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    """An int `>= minimum` (a NumPy int too, returned as an `int`), not a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise ValueError(f"{name} must be {kind}. Received: {name}={value!r}")
-    return value
+    return int(value)
 
 
 def check_rate(name, value):
@@ -180,3 +182,19 @@ def check_states(states, name, shapes):
     for i, (state, shape) in enumerate(zip(states, shapes)):
         check_state(state, f"{name}[{i}]", shape)
     return states
+
+
+def check_positions(positions, inputs, name="positions", inputs_name="inputs"):
+    """Positions `[length]` or `[batch, length]` matching the first two axes of `inputs`."""
+    if positions is None:
+        return None
+    shape, expected = _shape(positions), _shape(inputs)[:2]
+    if len(shape) not in (1, 2) or any(
+        _dims_differ(r, e) for r, e in zip(shape, expected[2 - len(shape):])
+    ):
+        raise ValueError(
+            f"{name} must have shape [length] = ({expected[1]},) or [batch, length] = "
+            f"{expected}, matching {inputs_name}.shape={_shape(inputs)}. "
+            f"Received: {name}.shape={shape}"
+        )
+    return positions
