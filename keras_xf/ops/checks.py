@@ -143,14 +143,27 @@ def check_sequence_width(inputs, width=None, name="inputs"):
 
 
 def check_width(inputs, width, name="inputs"):
-    """A tensor `[..., width]` of any rank >= 2, `width` being the one the layer was built for."""
+    """A tensor `[..., width]`, `width` being the one the layer was built for."""
     shape = _shape(inputs)
-    if len(shape) < 2 or _dims_differ(shape[-1], width):
+    if not shape or _dims_differ(shape[-1], width):
         raise ValueError(
-            f"{name} must have shape [..., {width}] (rank 2 or more): the layer was built for "
-            f"width {width}. Received: {name}.shape={shape}"
+            f"{name} must have shape [..., {width}]: the layer was built for width {width}. "
+            f"Received: {name}.shape={shape}"
         )
     return inputs
+
+
+def check_token_mask(mask, inputs, name="padding_mask", inputs_name="inputs"):
+    """A mask over the tokens of `inputs` `[..., d]`: shape `inputs.shape[:-1]`."""
+    if mask is None:
+        return None
+    shape, expected = _shape(mask), _shape(inputs)[:-1]
+    if len(shape) != len(expected) or any(_dims_differ(r, e) for r, e in zip(shape, expected)):
+        raise ValueError(
+            f"{name} must have shape {expected} (the axes of {inputs_name} but the last), "
+            f"matching {inputs_name}.shape={_shape(inputs)}. Received: {name}.shape={shape}"
+        )
+    return mask
 
 
 def check_state(state, name, shape):
