@@ -166,8 +166,19 @@ def check_token_mask(mask, inputs, name="padding_mask", inputs_name="inputs"):
     return mask
 
 
+def _known_shape(tensor):
+    """`tensor`'s shape, or `None` where its rank is unknown (a TensorFlow trace)."""
+    try:
+        return _shape(tensor)
+    except ValueError:
+        return None
+
+
 def check_state(state, name, shape):
-    """A cache or state tensor of `shape` (`None` entries: any size on that axis)."""
+    """A cache or state tensor of `shape` (`None` entries: any size on that axis; a tensor of
+    unknown rank in a TensorFlow trace is not checked)."""
+    if hasattr(state, "shape") and _known_shape(state) is None:
+        return state
     received = _shape(state) if hasattr(state, "shape") else None
     if (
         received is None
