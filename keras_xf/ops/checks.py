@@ -6,6 +6,8 @@ dimension unknown at trace time (`None`) is not compared: it is checked again wh
 layer runs with concrete shapes.
 """
 
+import numbers
+
 import keras
 
 
@@ -92,11 +94,11 @@ def check_positive_number(name, value, allow_zero=False):
 
 
 def check_positive_int(name, value, minimum=1):
-    """An int `>= minimum`, not a bool."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    """An int `>= minimum` (a NumPy int too, returned as an `int`), not a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise ValueError(f"{name} must be {kind}. Received: {name}={value!r}")
-    return value
+    return int(value)
 
 
 def check_rate(name, value):
@@ -126,3 +128,97 @@ def get_activation(name, value):
         raise ValueError(
             f"{name} must be a Keras activation or its name. Received: {name}={value!r} ({error})"
         ) from None
+
+
+def check_sequence_width(inputs, width=None, name="inputs"):
+    """A sequence `[batch, length, dim]` whose `dim` is `width`, the width the layer was built
+    for (`None`: any width)."""
+    check_rank(name, inputs, 3, "[batch, length, dim]")
+    if width is not None and _dims_differ(inputs.shape[-1], width):
+        raise ValueError(
+            f"{name} must have shape [batch, length, {width}]: the layer was built for width "
+            f"{width}. Received: {name}.shape={_shape(inputs)}"
+        )
+    return inputs
+
+
+def check_width(inputs, width, name="inputs"):
+    """A tensor `[..., width]`, `width` being the one the layer was built for."""
+    shape = _shape(inputs)
+    if not shape or _dims_differ(shape[-1], width):
+        raise ValueError(
+            f"{name} must have shape [..., {width}]: the layer was built for width {width}. "
+            f"Received: {name}.shape={shape}"
+        )
+    return inputs
+
+
+def check_token_mask(mask, inputs, name="padding_mask", inputs_name="inputs"):
+    """A mask over the tokens of `inputs` `[..., d]`: shape `inputs.shape[:-1]`."""
+    if mask is None:
+        return None
+    shape, expected = _shape(mask), _shape(inputs)[:-1]
+    if len(shape) != len(expected) or any(_dims_differ(r, e) for r, e in zip(shape, expected)):
+        raise ValueError(
+            f"{name} must have shape {expected} (the axes of {inputs_name} but the last), "
+            f"matching {inputs_name}.shape={_shape(inputs)}. Received: {name}.shape={shape}"
+        )
+    return mask
+
+
+def _known_shape(tensor):
+    """`tensor`'s shape, or `None` where its rank is unknown (a TensorFlow trace)."""
+    try:
+        return _shape(tensor)
+    except ValueError:
+        return None
+
+
+def check_state(state, name, shape):
+    """A cache or state tensor of `shape` (`None` entries: any size on that axis; a tensor of
+    unknown rank in a TensorFlow trace is not checked)."""
+    if hasattr(state, "shape") and _known_shape(state) is None:
+        return state
+    received = _shape(state) if hasattr(state, "shape") else None
+    if (
+        received is None
+        or len(received) != len(shape)
+        or any(_dims_differ(r, e) for r, e in zip(received, shape))
+    ):
+        what = f"{name}.shape={received}" if received is not None else (
+            f"{name} of type {type(state).__name__}"
+        )
+        raise ValueError(f"{name} must have shape {tuple(shape)}. Received: {what}")
+    return state
+
+
+def check_states(states, name, shapes):
+    """A tuple (or list) of cache or state tensors, one of each shape in `shapes`."""
+    if not isinstance(states, (tuple, list)) or len(states) != len(shapes):
+        received = (
+            f"{len(states)} tensors" if isinstance(states, (tuple, list))
+            else f"a {type(states).__name__}"
+        )
+        raise ValueError(
+            f"{name} must be a tuple of {len(shapes)} tensors of shapes "
+            f"{', '.join(str(tuple(s)) for s in shapes)}. Received: {received}"
+        )
+    for i, (state, shape) in enumerate(zip(states, shapes)):
+        check_state(state, f"{name}[{i}]", shape)
+    return states
+
+
+def check_positions(positions, inputs, name="positions", inputs_name="inputs"):
+    """Positions `[length]` or `[batch, length]` matching the first two axes of `inputs`."""
+    if positions is None:
+        return None
+    shape, expected = _shape(positions), _shape(inputs)[:2]
+    if len(shape) not in (1, 2) or any(
+        _dims_differ(r, e) for r, e in zip(shape, expected[2 - len(shape):])
+    ):
+        raise ValueError(
+            f"{name} must have shape [length] = ({expected[1]},) or [batch, length] = "
+            f"{expected}, matching {inputs_name}.shape={_shape(inputs)}. "
+            f"Received: {name}.shape={shape}"
+        )
+    return positions

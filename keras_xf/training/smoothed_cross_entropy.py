@@ -3,6 +3,10 @@
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import check_token_mask
+from keras_xf.ops.checks import static_dim
+
 
 @keras.saving.register_keras_serializable(package="keras_xf")
 class SmoothedSparseCrossEntropy(keras.losses.Loss):
@@ -25,9 +29,12 @@ class SmoothedSparseCrossEntropy(keras.losses.Loss):
     def __init__(self, label_smoothing=0.0, pad_token_id=0, from_logits=True,
                  name="smoothed_sparse_cross_entropy", reduction="sum_over_batch_size", dtype=None):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
-        if not 0 <= label_smoothing < 1:
+        check_rate("label_smoothing", label_smoothing)
+        if pad_token_id is not None and (
+            isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
+        ):
             raise ValueError(
-                f"label_smoothing must be in [0, 1). Received: label_smoothing={label_smoothing}"
+                f"pad_token_id must be an int or None. Received: pad_token_id={pad_token_id!r}"
             )
         self.label_smoothing = float(label_smoothing)
         self.pad_token_id = pad_token_id
@@ -53,6 +60,19 @@ class SmoothedSparseCrossEntropy(keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         y_true = ops.convert_to_tensor(y_true)
+        # Labels [B, T] for logits [B, T, V]: one more label axis would broadcast silently.
+        check_token_mask(y_true, y_pred, "y_true", "y_pred")
+        if sample_weight is not None:
+            sample_weight = ops.convert_to_tensor(sample_weight)
+            shape, labels = tuple(sample_weight.shape), tuple(y_true.shape)
+            if len(shape) > len(labels) or any(
+                None not in (static_dim(w), static_dim(y)) and w != y
+                for w, y in zip(shape, labels)
+            ):
+                raise ValueError(
+                    "sample_weight must have shape [batch] or the shape of y_true "
+                    f"{labels} (or a prefix of it). Received: sample_weight.shape={shape}"
+                )
         losses = self.call(y_true, y_pred)
         weights = self._token_mask(ops.cast(y_true, "int32"))
         if sample_weight is not None:

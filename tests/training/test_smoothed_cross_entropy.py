@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from keras_xf.training import SmoothedSparseCrossEntropy
+from tests.layers.bad_inputs import raises_naming
 
 B, T, V = 3, 5, 7
 
@@ -124,3 +125,21 @@ def test_config_round_trip():
 def test_invalid_smoothing_raises(smoothing):
     with pytest.raises(ValueError, match="label_smoothing"):
         SmoothedSparseCrossEntropy(label_smoothing=smoothing)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [({"label_smoothing": "x"}, "label_smoothing"), ({"pad_token_id": "0"}, "pad_token_id")],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    raises_naming(name, lambda: SmoothedSparseCrossEntropy(**kwargs))
+
+
+def test_bad_labels_and_sample_weight_raise(data):
+    labels, logits = data
+    loss = SmoothedSparseCrossEntropy(0.1)
+    for bad in (labels[..., None], labels[:, :-1], labels[:1]):
+        raises_naming("y_true", lambda: loss(bad, logits))
+    for weight in (np.ones((B + 1,), "float32"), np.ones((B, T + 1), "float32"),
+                   np.ones((B, T, 1), "float32")):
+        raises_naming("sample_weight", lambda: loss(labels, logits, sample_weight=weight))

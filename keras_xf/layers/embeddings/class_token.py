@@ -3,6 +3,10 @@
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_sequence_width
+from keras_xf.ops.checks import get_initializer
+
 
 @keras.saving.register_keras_serializable(package="keras_xf")
 class ClassToken(keras.layers.Layer):
@@ -33,7 +37,7 @@ class ClassToken(keras.layers.Layer):
 
     def __init__(self, initializer="zeros", **kwargs):
         super().__init__(**kwargs)
-        self.initializer = keras.initializers.get(initializer)
+        self.initializer = get_initializer("initializer", initializer)
 
     def build(self, inputs_shape, padding_mask_shape=None):
         if len(inputs_shape) != 3 or inputs_shape[-1] is None:
@@ -46,6 +50,8 @@ class ClassToken(keras.layers.Layer):
         )
 
     def call(self, inputs, padding_mask=None):
+        check_sequence_width(inputs, self.token.shape[-1])
+        check_padding_mask(padding_mask, inputs)
         shape = ops.shape(inputs)
         token = ops.cast(self.token, self.compute_dtype)
         token = ops.broadcast_to(token, (shape[0], 1, shape[2]))

@@ -1,9 +1,11 @@
 """Learned absolute position embeddings (survey §2.2)."""
 
-import numbers
-
 import keras
 from keras import ops
+
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_sequence_width
+from keras_xf.ops.checks import get_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -32,17 +34,8 @@ class LearnedPositionEmbedding(keras.layers.Layer):
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        if (
-            isinstance(sequence_length, bool)
-            or not isinstance(sequence_length, numbers.Integral)
-            or sequence_length <= 0
-        ):
-            raise ValueError(
-                "sequence_length must be a positive int. "
-                f"Received: sequence_length={sequence_length!r}"
-            )
-        self.sequence_length = int(sequence_length)
-        self.initializer = keras.initializers.get(initializer)
+        self.sequence_length = check_positive_int("sequence_length", sequence_length)
+        self.initializer = get_initializer("initializer", initializer)
 
     def _check_length(self, length, start_index=0):
         if isinstance(length, int) and isinstance(start_index, int):
@@ -66,6 +59,7 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs, start_index=0):
+        check_sequence_width(inputs, self.position_embeddings.shape[-1])
         self._check_length(inputs.shape[1], start_index)
         shape = ops.shape(inputs)
         table = ops.cast(self.position_embeddings, self.compute_dtype)

@@ -1,15 +1,10 @@
 """Patch embedding of the Vision Transformer (survey §6.4)."""
 
-import numbers
-
 import keras
 from keras import ops
 
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
-    return int(value)
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import get_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -58,13 +53,13 @@ class PatchEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.patch_size = _positive_int("patch_size", patch_size)
-        self.hidden_dim = _positive_int("hidden_dim", hidden_dim)
+        self.patch_size = check_positive_int("patch_size", patch_size)
+        self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
         if not isinstance(use_bias, bool):
             raise ValueError(f"use_bias must be a bool. Received: use_bias={use_bias!r}")
         self.use_bias = use_bias
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.channels = None
 
     def _grid(self, inputs_shape):

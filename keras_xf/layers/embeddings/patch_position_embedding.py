@@ -5,6 +5,9 @@ import numbers
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_sequence_width
+from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.positions import sinusoid_table_2d
 
 KINDS = ("learned", "sinusoidal_2d")
@@ -62,13 +65,15 @@ class PatchPositionEmbedding(keras.layers.Layer):
         self.grid_size = grid_shape(grid_size)
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}. Received: kind={kind!r}")
-        if isinstance(base, bool) or not isinstance(base, numbers.Real) or base <= 1:
+        check_positive_number("base", base)
+        if base <= 1:
             raise ValueError(f"base must be a number greater than 1. Received: base={base!r}")
         self.kind = kind
         self.base = float(base)
         if initializer is None:
             initializer = keras.initializers.TruncatedNormal(stddev=0.02)
-        self.initializer = keras.initializers.get(initializer)
+        self.initializer = get_initializer("initializer", initializer)
+        self.dim = None
 
     @property
     def num_patches(self):
@@ -82,6 +87,7 @@ class PatchPositionEmbedding(keras.layers.Layer):
             )
         self._check_length(inputs_shape[1])
         dim = int(inputs_shape[-1])
+        self.dim = dim
         if self.kind == "sinusoidal_2d" and dim % 2:
             raise ValueError(
                 "kind='sinusoidal_2d' needs an even embedding width (half for rows, half for "
@@ -100,6 +106,7 @@ class PatchPositionEmbedding(keras.layers.Layer):
             )
 
     def call(self, inputs):
+        check_sequence_width(inputs, self.dim)
         self._check_length(inputs.shape[1])
         if self.kind == "learned":
             table = self.position_embeddings

@@ -3,6 +3,9 @@
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_positions
+from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_rank
 from keras_xf.ops.positions import apply_rotary
 
 
@@ -34,6 +37,8 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000.0, scaling_factor=1.0, **kwargs):
         super().__init__(**kwargs)
+        check_positive_number("max_wavelength", max_wavelength)
+        check_positive_number("scaling_factor", scaling_factor)
         if max_wavelength <= 1:
             raise ValueError(
                 f"max_wavelength must be greater than 1. Received: max_wavelength={max_wavelength}"
@@ -57,6 +62,9 @@ class RotaryEmbedding(keras.layers.Layer):
         self._check_head_dim(inputs_shape)
 
     def call(self, inputs, positions=None, start_index=0):
+        check_rank("inputs", inputs, 4, "[batch, length, num_heads, head_dim]")
+        self._check_head_dim(tuple(inputs.shape))
+        check_positions(positions, inputs)
         if positions is None:
             positions = ops.arange(ops.shape(inputs)[1], dtype="int32") + ops.cast(
                 start_index, "int32"
@@ -67,6 +75,8 @@ class RotaryEmbedding(keras.layers.Layer):
         """The `position=` hook: returns `(rotated query, rotated key)`."""
         self._check_head_dim(tuple(query.shape), "query_shape")
         self._check_head_dim(tuple(key.shape), "key_shape")
+        check_positions(query_positions, query, "query_positions", "query")
+        check_positions(key_positions, key, "key_positions", "key")
         return (
             apply_rotary(query, query_positions, self.max_wavelength, self.scaling_factor),
             apply_rotary(key, key_positions, self.max_wavelength, self.scaling_factor),

@@ -3,6 +3,9 @@
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_positions
+from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_rank
 from keras_xf.ops.positions import sinusoid_table
 
 
@@ -33,6 +36,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def __init__(self, base=10000.0, **kwargs):
         super().__init__(**kwargs)
+        check_positive_number("base", base)
         if base <= 1:
             raise ValueError(f"base must be greater than 1. Received: base={base}")
         self.base = float(base)
@@ -45,6 +49,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
             )
 
     def call(self, inputs, start_index=0, positions=None):
+        check_rank("inputs", inputs, 3, "[batch, length, dim]")
+        check_positions(positions, inputs)
         shape = ops.shape(inputs)
         if positions is None:
             positions = ops.arange(shape[1], dtype="int32") + ops.cast(start_index, "int32")

@@ -5,6 +5,9 @@ import keras
 from keras_xf.layers.embeddings.learned_position_embedding import LearnedPositionEmbedding
 from keras_xf.layers.embeddings.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import get_initializer
 
 POSITIONS = ("sinusoidal", "learned", "rotary", "none")
 
@@ -57,8 +60,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         if position not in POSITIONS:
             raise ValueError(f"position must be one of {POSITIONS}. Received: position={position!r}")
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+        check_rate("dropout", dropout)
+        check_positive_int("max_sequence_length", max_sequence_length)
         self.vocabulary_size = vocabulary_size
         self.embedding_dim = embedding_dim
         self.position = position
@@ -66,7 +69,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.tie_weights = tie_weights
         self.scale = scale
         self.dropout = dropout
-        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.embeddings_initializer = get_initializer(
+            "embeddings_initializer", embeddings_initializer
+        )
         self.token_embedding = TokenEmbedding(
             vocabulary_size,
             embedding_dim,

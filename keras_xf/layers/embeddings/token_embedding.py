@@ -1,12 +1,14 @@
 """Token embedding with an optional √d scale and a tied reverse projection (survey §2.1, §5.4)."""
 
 import math
-import numbers
 
 import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_width
+from keras_xf.ops.checks import get_initializer
 
 
 _FEW_ROWS = 64  # below this many rows the output projection multiplies the table first
@@ -49,16 +51,16 @@ class TokenEmbedding(keras.layers.Layer):
         embeddings_initializer="uniform",
         **kwargs,
     ):
-        for arg, value in (("vocabulary_size", vocabulary_size), ("embedding_dim", embedding_dim)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-                raise ValueError(f"{arg} must be a positive int. Received: {arg}={value!r}")
-        vocabulary_size, embedding_dim = int(vocabulary_size), int(embedding_dim)
+        vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
+        embedding_dim = check_positive_int("embedding_dim", embedding_dim)
         super().__init__(**kwargs)
         self.vocabulary_size = vocabulary_size
         self.embedding_dim = embedding_dim
         self.tie_weights = tie_weights
         self.scale = scale
-        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.embeddings_initializer = get_initializer(
+            "embeddings_initializer", embeddings_initializer
+        )
 
     def build(self, inputs_shape=None):
         self.embeddings = self.add_weight(
@@ -75,6 +77,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     def call(self, inputs, reverse=False):
         if reverse:
+            check_width(inputs, self.embedding_dim)
             if not self.tie_weights:
                 return ops.matmul(inputs, ops.cast(self.reverse_embeddings, self.compute_dtype))
             table = ops.cast(self.embeddings, self.compute_dtype)

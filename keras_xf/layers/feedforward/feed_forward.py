@@ -3,6 +3,11 @@
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import check_width
+from keras_xf.ops.checks import get_initializer
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 _GATED = {"swiglu": "silu", "geglu": "gelu"}
 
@@ -53,23 +58,21 @@ class FeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(hidden_dim, int) or hidden_dim <= 0:
-            raise ValueError(f"hidden_dim must be a positive int. Received: hidden_dim={hidden_dim}")
+        hidden_dim = check_positive_int("hidden_dim", hidden_dim)
         if activation not in ACTIVATIONS:
             raise ValueError(
                 f"activation must be one of {ACTIVATIONS}. Received: activation={activation!r}"
             )
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
-        if output_dim is not None and (not isinstance(output_dim, int) or output_dim <= 0):
-            raise ValueError(f"output_dim must be a positive int. Received: output_dim={output_dim}")
+        check_rate("dropout", dropout)
+        if output_dim is not None:
+            output_dim = check_positive_int("output_dim", output_dim)
         self.hidden_dim = hidden_dim
         self.activation = activation
         self.use_bias = use_bias
         self.dropout = dropout
         self.output_dim = output_dim
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
     def _dense(self, units, name):
@@ -100,12 +103,7 @@ class FeedForward(keras.layers.Layer):
         self.output_dense.build(tuple(inputs_shape[:-1]) + (self.hidden_dim,))
 
     def call(self, inputs, training=None):
-        expected = self.hidden_dense.kernel.shape[0]
-        if inputs.shape[-1] is not None and inputs.shape[-1] != expected:
-            raise ValueError(
-                f"FeedForward was built for width {expected}. Received: inputs.shape="
-                f"{tuple(inputs.shape)}"
-            )
+        check_width(inputs, self.hidden_dense.kernel.shape[0])
         hidden = self.hidden_dense(inputs)
         if self.gate_dense is not None:
             gate = getattr(keras.activations, _GATED[self.activation])(self.gate_dense(inputs))

@@ -11,6 +11,12 @@ from keras_xf.layers.feedforward.moe_statistics import RouterStatistics
 from keras_xf.layers.feedforward.router import Router
 from keras_xf.layers.feedforward.router import validate_routing
 from keras_xf.ops import moe as dispatch
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import check_token_mask
+from keras_xf.ops.checks import check_width
+from keras_xf.ops.checks import get_initializer
 
 _GATED = {"swiglu": "silu", "geglu": "gelu"}
 
@@ -139,11 +145,7 @@ class MixtureOfExperts(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         validate_routing(num_experts, top_k, router_order, noise_std, "router_order")
-        if not isinstance(intermediate_dim, int) or intermediate_dim <= 0:
-            raise ValueError(
-                f"intermediate_dim must be a positive int. Received: "
-                f"intermediate_dim={intermediate_dim}"
-            )
+        check_positive_int("intermediate_dim", intermediate_dim)
         if slices and intermediate_dim % num_experts:
             raise ValueError(
                 "With slices=True, num_experts must divide intermediate_dim. Received: "
@@ -153,27 +155,14 @@ class MixtureOfExperts(keras.layers.Layer):
             raise ValueError(
                 f"activation must be one of {ACTIVATIONS}. Received: activation={activation!r}"
             )
-        if capacity_factor is not None and (
-            not isinstance(capacity_factor, (int, float)) or capacity_factor <= 0
-        ):
-            raise ValueError(
-                "capacity_factor must be a positive float or None (dropless). Received: "
-                f"capacity_factor={capacity_factor}"
-            )
-        if not isinstance(num_shared_experts, int) or num_shared_experts < 0:
-            raise ValueError(
-                "num_shared_experts must be an int >= 0. Received: "
-                f"num_shared_experts={num_shared_experts}"
-            )
+        if capacity_factor is not None:  # None: dropless
+            check_positive_number("capacity_factor", capacity_factor)
+        check_positive_int("num_shared_experts", num_shared_experts, minimum=0)
         for name, value in (("load_balance_weight", load_balance_weight),
                             ("z_loss_weight", z_loss_weight)):
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a float >= 0. Received: {name}={value}")
-        if not isinstance(block_size, int) or block_size <= 0:
-            raise ValueError(
-                f"block_size must be a positive int. Received: block_size={block_size}")
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+            check_positive_number(name, value, allow_zero=True)
+        check_positive_int("block_size", block_size)
+        check_rate("dropout", dropout)
         self.num_experts = num_experts
         self.intermediate_dim = intermediate_dim
         self.top_k = top_k
@@ -190,8 +179,8 @@ class MixtureOfExperts(keras.layers.Layer):
         self.block_size = block_size
         self.use_bias = use_bias
         self.dropout = dropout
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.seed = seed
         self.expert_dim = intermediate_dim // num_experts if slices else intermediate_dim
         self.router = Router(
@@ -280,11 +269,8 @@ class MixtureOfExperts(keras.layers.Layer):
 
     def call(self, inputs, padding_mask=None, training=None):
         width = self.expert_kernel_in.shape[1]
-        if inputs.shape[-1] is not None and inputs.shape[-1] != width:
-            raise ValueError(
-                f"MixtureOfExperts was built for width {width}. Received: "
-                f"inputs.shape={tuple(inputs.shape)}"
-            )
+        check_width(inputs, width)
+        check_token_mask(padding_mask, inputs)
         lead = ops.shape(inputs)[:-1]
         tokens = ops.reshape(inputs, (-1, width))
         num_tokens = ops.shape(tokens)[0]

@@ -5,11 +5,9 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
-
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_width
+from keras_xf.ops.checks import get_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -71,21 +69,21 @@ class ProductKeyMemory(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _check_positive_int("num_keys", num_keys)
-        _check_positive_int("top_k", top_k)
-        _check_positive_int("num_heads", num_heads)
+        check_positive_int("num_keys", num_keys)
+        check_positive_int("top_k", top_k)
+        check_positive_int("num_heads", num_heads)
         if top_k > num_keys:
             raise ValueError(
                 f"top_k must be at most num_keys. Received: top_k={top_k}, num_keys={num_keys}"
             )
         if key_dim is not None:
-            _check_positive_int("key_dim", key_dim)
+            check_positive_int("key_dim", key_dim)
             if key_dim % 2:
                 raise ValueError(
                     f"key_dim must be even (it is split into two halves). Received: key_dim={key_dim}"
                 )
         if output_dim is not None:
-            _check_positive_int("output_dim", output_dim)
+            check_positive_int("output_dim", output_dim)
         self.num_keys = num_keys
         self.top_k = top_k
         self.num_heads = num_heads
@@ -93,7 +91,7 @@ class ProductKeyMemory(keras.layers.Layer):
         self.output_dim = output_dim
         self.query_batch_norm = query_batch_norm
         self.use_bias = use_bias
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
 
     def build(self, inputs_shape):
         width = inputs_shape[-1]
@@ -141,12 +139,7 @@ class ProductKeyMemory(keras.layers.Layer):
         self.values.build((None,))
 
     def call(self, inputs, training=None):
-        expected = self.query_dense.kernel.shape[0]
-        if inputs.shape[-1] is not None and inputs.shape[-1] != expected:
-            raise ValueError(
-                f"ProductKeyMemory was built for width {expected}. Received: "
-                f"inputs.shape={tuple(inputs.shape)}"
-            )
+        check_width(inputs, self.query_dense.kernel.shape[0])
         heads, half, k, n = self.num_heads, self.key_dim // 2, self.top_k, self.num_keys
         queries = self.query_dense(inputs)
         if self.query_norm is not None:

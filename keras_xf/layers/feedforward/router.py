@@ -3,6 +3,11 @@
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_width
+from keras_xf.ops.checks import get_initializer
+
 ORDERS = ("softmax_then_topk", "topk_then_softmax")
 
 
@@ -64,7 +69,7 @@ class Router(keras.layers.Layer):
         self.normalize_top_k = bool(normalize_top_k)
         self.noise_std = float(noise_std)
         self.use_bias = use_bias
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed) if self.noise_std > 0 else None
 
@@ -87,6 +92,7 @@ class Router(keras.layers.Layer):
             )
 
     def call(self, inputs, training=None):
+        check_width(inputs, self.kernel.shape[0])
         logits = ops.matmul(ops.cast(inputs, "float32"), ops.cast(self.kernel, "float32"))
         if self.bias is not None:
             logits = logits + ops.cast(self.bias, "float32")
@@ -135,10 +141,8 @@ class Router(keras.layers.Layer):
 
 def validate_routing(num_experts, top_k, order, noise_std, order_name="order"):
     """Raises `ValueError` for a bad routing configuration."""
-    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts <= 0:
-        raise ValueError(f"num_experts must be a positive int. Received: num_experts={num_experts}")
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k <= 0:
-        raise ValueError(f"top_k must be a positive int. Received: top_k={top_k}")
+    check_positive_int("num_experts", num_experts)
+    check_positive_int("top_k", top_k)
     if top_k > num_experts:
         raise ValueError(
             f"top_k must not exceed num_experts. Received: top_k={top_k}, "
@@ -147,5 +151,4 @@ def validate_routing(num_experts, top_k, order, noise_std, order_name="order"):
     if order not in ORDERS:
         raise ValueError(
             f"{order_name} must be one of {ORDERS}. Received: {order_name}={order!r}")
-    if not isinstance(noise_std, (int, float)) or noise_std < 0:
-        raise ValueError(f"noise_std must be a float >= 0. Received: noise_std={noise_std}")
+    check_positive_number("noise_std", noise_std, allow_zero=True)

@@ -3,6 +3,11 @@
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import check_width
+from keras_xf.ops.checks import get_activation
+
 
 @keras.saving.register_keras_serializable(package="keras_xf")
 class ClassificationHead(keras.layers.Layer):
@@ -40,16 +45,11 @@ class ClassificationHead(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(num_classes, int) or num_classes <= 0:
-            raise ValueError(f"num_classes must be a positive int. Received: num_classes={num_classes}")
-        if intermediate_dim is not None and (
-            not isinstance(intermediate_dim, int) or intermediate_dim <= 0
-        ):
-            raise ValueError(
-                f"intermediate_dim must be a positive int. Received: intermediate_dim={intermediate_dim}"
-            )
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+        num_classes = check_positive_int("num_classes", num_classes)
+        if intermediate_dim is not None:
+            intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
+        check_rate("dropout", dropout)
+        get_activation("intermediate_activation", intermediate_activation)
         self.num_classes = num_classes
         self.intermediate_dim = intermediate_dim
         self.intermediate_activation = intermediate_activation
@@ -65,7 +65,7 @@ class ClassificationHead(keras.layers.Layer):
             )
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
         self.output_dense = keras.layers.Dense(num_classes, dtype=self.dtype_policy, name="logits")
-        self.output_activation = keras.activations.get(activation)
+        self.output_activation = get_activation("activation", activation)
 
     def build(self, inputs_shape):
         shape = tuple(inputs_shape)
@@ -75,6 +75,8 @@ class ClassificationHead(keras.layers.Layer):
         self.output_dense.build(shape)
 
     def call(self, inputs, training=None):
+        dense = self.output_dense if self.hidden_dense is None else self.hidden_dense
+        check_width(inputs, dense.kernel.shape[0])
         hidden = inputs
         if self.hidden_dense is not None:
             hidden = self.hidden_dense(hidden)

@@ -4,6 +4,8 @@ import keras
 from keras import ops
 
 from keras_xf.ops.attention import lowest_value
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_rank
 
 MODES = ("cls", "mean", "max")
 
@@ -44,6 +46,8 @@ class Pooling(keras.layers.Layer):
             )
 
     def call(self, inputs, padding_mask=None):
+        check_rank("inputs", inputs, 3, "[batch, length, dim]")
+        check_padding_mask(padding_mask, inputs)
         if self.mode == "cls":
             return inputs[:, 0, :]
         values = ops.cast(inputs, "float32")

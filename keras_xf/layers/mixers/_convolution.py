@@ -12,20 +12,14 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import check_sequence_width
+from keras_xf.ops.checks import check_state
+from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.convolution import pad_sequence
 from keras_xf.ops.convolution import rolling_cache
-
-
-def check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
-    return value
-
-
-def check_rate(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a float in [0, 1). Received: {name}={value!r}")
-    return float(value)
 
 
 def glu(x):
@@ -62,8 +56,9 @@ class SequenceConvolution(keras.layers.Layer):
             raise ValueError(f"causal must be a bool. Received: causal={causal!r}")
         self.causal = causal
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
+        self.input_dim = None
 
     # Helpers for subclasses ---------------------------------------------------------------
     def _dense(self, units, name, use_bias=None):
@@ -82,7 +77,8 @@ class SequenceConvolution(keras.layers.Layer):
                 f"{type(self).__name__} expects inputs of rank 3 [batch, length, dim] with a "
                 f"known dim. Received: inputs_shape={tuple(inputs_shape)}"
             )
-        return int(inputs_shape[-1])
+        self.input_dim = int(inputs_shape[-1])
+        return self.input_dim
 
     # Cache -------------------------------------------------------------------------------
     def init_cache(self, batch_size, max_length=None, dtype=None):
@@ -116,11 +112,10 @@ class SequenceConvolution(keras.layers.Layer):
         cache_index=None,
         training=None,
     ):
-        if len(inputs.shape) != 3:
-            raise ValueError(
-                "inputs must have rank 3 [batch, length, dim]. Received: "
-                f"inputs.shape={tuple(inputs.shape)}"
-            )
+        check_sequence_width(inputs, self.input_dim)
+        check_padding_mask(padding_mask, inputs)
+        if cache is not None:
+            check_state(cache, "cache", (inputs.shape[0], self.kernel_size - 1, self._channels()))
         if attention_mask is not None:
             raise ValueError(
                 f"{type(self).__name__} takes no attention_mask: a convolution mixes a fixed "
@@ -192,7 +187,7 @@ class HeadConvolution(SequenceConvolution):
         super().__init__(kernel_size, causal=causal, use_bias=use_bias, **kwargs)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.weight_softmax = bool(weight_softmax)
-        self.weight_dropout = check_rate("weight_dropout", weight_dropout)
+        self.weight_dropout = float(check_rate("weight_dropout", weight_dropout))
         self.use_glu = bool(use_glu)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed) if self.weight_dropout else None

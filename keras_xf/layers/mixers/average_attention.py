@@ -4,6 +4,12 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_sequence_width
+from keras_xf.ops.checks import check_states
+from keras_xf.ops.checks import get_activation
+from keras_xf.ops.checks import get_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -83,21 +89,17 @@ class AverageAttention(keras.layers.Layer):
                     "intermediate_dim is the feedforward's width and needs use_ffn=True. "
                     f"Received: intermediate_dim={intermediate_dim}, use_ffn=False"
                 )
-            if (isinstance(intermediate_dim, bool) or not isinstance(intermediate_dim, int)
-                    or intermediate_dim <= 0):
-                raise ValueError(
-                    "intermediate_dim must be a positive int. Received: "
-                    f"intermediate_dim={intermediate_dim!r}"
-                )
+            check_positive_int("intermediate_dim", intermediate_dim)
         self.use_ffn = use_ffn
         self.use_gate = use_gate
         self.intermediate_dim = intermediate_dim
-        self.activation = keras.activations.get(activation)
+        self.activation = get_activation("activation", activation)
         self.causal = causal
         self.use_bias = use_bias
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.supports_masking = True
+        self.width = None
 
     def _dense(self, units, name, activation=None):
         return keras.layers.Dense(
@@ -146,6 +148,11 @@ class AverageAttention(keras.layers.Layer):
         cache_index=None,
         training=None,
     ):
+        check_sequence_width(inputs, self.width)
+        check_padding_mask(padding_mask, inputs)
+        if cache is not None:
+            batch = inputs.shape[0]
+            check_states(cache, "cache", [(batch, self.width), (batch,)])
         if attention_mask is not None:
             raise ValueError(
                 "AverageAttention takes no attention_mask (a running mean has no pairwise "

@@ -4,10 +4,11 @@ import keras
 from keras import ops
 
 from keras_xf.layers.mixers._convolution import SequenceConvolution
-from keras_xf.layers.mixers._convolution import check_positive_int
-from keras_xf.layers.mixers._convolution import check_rate
 from keras_xf.layers.mixers._convolution import depthwise
 from keras_xf.layers.mixers._convolution import glu
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import get_activation
 
 NORMALIZATIONS = ("batch_norm", "layer_norm")
 
@@ -81,14 +82,9 @@ class ConformerConvolution(SequenceConvolution):
                 f"Received: normalization={normalization!r}"
             )
         self.normalization = normalization
-        try:
-            self.activation_fn = keras.activations.get(activation)
-        except (ValueError, TypeError) as error:
-            raise ValueError(
-                f"activation must name a Keras activation. Received: activation={activation!r}"
-            ) from error
+        self.activation_fn = get_activation("activation", activation)
         self.activation = activation
-        self.dropout = check_rate("dropout", dropout)
+        self.dropout = float(check_rate("dropout", dropout))
         self.inner_dim = None
 
     def build(self, inputs_shape):

@@ -7,6 +7,12 @@ import numpy as np
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_sequence_width
+from keras_xf.ops.checks import check_states
+from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.convolution import pad_sequence
 from keras_xf.ops.convolution import rolling_cache
 from keras_xf.ops.linear_attention import causal_linear_attention
@@ -154,13 +160,11 @@ class LinearAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value in (("num_heads", num_heads), ("chunk_size", chunk_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int. Received: {name}={value}")
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("chunk_size", chunk_size)
         for name, value in (("head_dim", head_dim), ("output_dim", output_dim)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value <= 0):
-                raise ValueError(f"{name} must be a positive int. Received: {name}={value}")
+            if value is not None:
+                check_positive_int(name, value)
         if feature_map not in FEATURE_MAPS:
             raise ValueError(
                 f"feature_map must be one of {FEATURE_MAPS}. Received: feature_map={feature_map!r}"
@@ -171,10 +175,7 @@ class LinearAttention(keras.layers.Layer):
                     "num_features is used by feature_map='random_features' only. Received: "
                     f"num_features={num_features}, feature_map={feature_map!r}"
                 )
-            if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features <= 0:
-                raise ValueError(
-                    f"num_features must be a positive int. Received: num_features={num_features}"
-                )
+            check_positive_int("num_features", num_features)
         if redraw and feature_map != "random_features":
             raise ValueError(
                 "redraw is used by feature_map='random_features' only. Received: "
@@ -188,16 +189,9 @@ class LinearAttention(keras.layers.Layer):
         if decay is not None and decay not in DECAY_MODES:
             _check_unit_interval("decay", decay, num_heads)
         _check_unit_interval("decay_init", decay_init, num_heads)
-        if key_convolution is not None and (
-            isinstance(key_convolution, bool) or not isinstance(key_convolution, int)
-            or key_convolution <= 0
-        ):
-            raise ValueError(
-                "key_convolution must be None or a positive int. Received: "
-                f"key_convolution={key_convolution!r}"
-            )
-        if not isinstance(epsilon, (int, float)) or isinstance(epsilon, bool) or epsilon <= 0:
-            raise ValueError(f"epsilon must be a positive float. Received: epsilon={epsilon}")
+        if key_convolution is not None:
+            check_positive_int("key_convolution", key_convolution)
+        check_positive_number("epsilon", epsilon)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.output_dim = output_dim
@@ -213,15 +207,16 @@ class LinearAttention(keras.layers.Layer):
             key_convolution_initializer = keras.initializers.RandomUniform(-bound, bound)
         self.key_convolution_initializer = (
             None if key_convolution_initializer is None
-            else keras.initializers.get(key_convolution_initializer)
+            else get_initializer("key_convolution_initializer", key_convolution_initializer)
         )
         self.causal = bool(causal)
         self.chunk_size = chunk_size
         self.use_bias = use_bias
         self.epsilon = float(epsilon)
         self.seed = seed
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
+        self.input_dim = None
         # Redraws follow a stream other than the initial draw's (which uses `seed` itself).
         redraw_seed = None if seed is None else seed + 1
         self.seed_generator = keras.random.SeedGenerator(redraw_seed) if self.redraw else None
@@ -254,6 +249,7 @@ class LinearAttention(keras.layers.Layer):
                 f"Received: inputs_shape={tuple(inputs_shape)}"
             )
         hidden_dim = inputs_shape[-1]
+        self.input_dim = hidden_dim
         if self.head_dim is None:
             if hidden_dim % self.num_heads:
                 raise ValueError(
@@ -321,12 +317,15 @@ class LinearAttention(keras.layers.Layer):
             raise ValueError(
                 "init_cache needs head_dim: pass head_dim to LinearAttention or build it first."
             )
+        return tuple(ops.zeros(shape, "float32") for shape in self._cache_shapes(batch_size))
+
+    def _cache_shapes(self, batch_size):
+        """The shapes of `μ`, `ν` and, with a key convolution, the window of keys."""
         shape = (batch_size, self.num_heads, self.state_features)
-        state = (ops.zeros(shape + (self.head_dim,), "float32"), ops.zeros(shape, "float32"))
-        if self.key_convolution is None:
-            return state
-        window = (batch_size, self.key_convolution - 1, self.num_heads, self.head_dim)
-        return state + (ops.zeros(window, "float32"),)
+        shapes = [shape + (self.head_dim,), shape]
+        if self.key_convolution is not None:
+            shapes.append((batch_size, self.key_convolution - 1, self.num_heads, self.head_dim))
+        return shapes
 
     def _convolve_keys(self, k, window):
         """`k̃_t = Σ_o w_o ⊙ k_{t−o}` over `[window | k]` (zeros before the first position, as
@@ -395,11 +394,10 @@ class LinearAttention(keras.layers.Layer):
         cache_index=None,
         training=None,
     ):
-        if len(inputs.shape) != 3:
-            raise ValueError(
-                "inputs must have rank 3 [batch, length, dim]. Received: "
-                f"inputs.shape={tuple(inputs.shape)}"
-            )
+        check_sequence_width(inputs, self.input_dim)
+        check_padding_mask(padding_mask, inputs)
+        if cache is not None:
+            check_states(cache, "cache", self._cache_shapes(inputs.shape[0]))
         if attention_mask is not None:
             raise ValueError(
                 "LinearAttention takes no attention_mask: an arbitrary [T, S] mask has no "

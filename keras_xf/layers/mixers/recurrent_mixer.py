@@ -4,13 +4,13 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_sequence_width
+from keras_xf.ops.checks import check_states
+from keras_xf.ops.checks import get_initializer
 
 CELLS = ("lstm", "gru")
-
-
-def _check_positive_int(name, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-        raise ValueError(f"{name} must be a positive int or None. Received: {name}={value!r}")
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -98,8 +98,9 @@ class RecurrentMixer(keras.layers.Layer):
         super().__init__(**kwargs)
         if cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}. Received: cell={cell!r}")
-        _check_positive_int("units", units)
-        _check_positive_int("output_dim", output_dim)
+        for name, value in (("units", units), ("output_dim", output_dim)):
+            if value is not None:
+                check_positive_int(name, value)
         if not isinstance(bidirectional, bool):
             raise ValueError(
                 f"bidirectional must be a bool. Received: bidirectional={bidirectional!r}"
@@ -114,10 +115,13 @@ class RecurrentMixer(keras.layers.Layer):
         self.bidirectional = bidirectional
         self.output_dim = output_dim
         self.use_bias = use_bias
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.recurrent_initializer = keras.initializers.get(recurrent_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
+        self.recurrent_initializer = get_initializer(
+            "recurrent_initializer", recurrent_initializer
+        )
+        self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.supports_masking = True
+        self.input_dim = None
 
     def _state_units(self, width):
         if self.units is not None:
@@ -131,6 +135,7 @@ class RecurrentMixer(keras.layers.Layer):
                 f"Received: inputs_shape={tuple(inputs_shape)}"
             )
         width = inputs_shape[-1]
+        self.input_dim = int(width)
         self.state_units = self._state_units(width)
         layer_class = keras.layers.LSTM if self.cell == "lstm" else keras.layers.GRU
         rnn = layer_class(
@@ -189,6 +194,13 @@ class RecurrentMixer(keras.layers.Layer):
         cache_index=None,
         training=None,
     ):
+        check_sequence_width(inputs, self.input_dim)
+        # Checked here: Keras's RNN on PyTorch runs over the mask's length, and the output
+        # masking would broadcast a longer mask over a shorter sequence without an error.
+        check_padding_mask(padding_mask, inputs)
+        if cache is not None and not self.bidirectional:
+            count = 2 if self.cell == "lstm" else 1
+            check_states(cache, "cache", [(inputs.shape[0], self.state_units)] * count)
         if attention_mask is not None:
             raise ValueError(
                 "RecurrentMixer takes no attention_mask (a recurrent network has no pairwise "

@@ -6,6 +6,11 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_sequence_width
+from keras_xf.ops.checks import check_state
 from keras_xf.ops.scan import METHODS
 from keras_xf.ops.scan import linear_recurrence
 from keras_xf.ops.scan import prefix_scan
@@ -150,8 +155,9 @@ class StateSpaceMixer(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if isinstance(state_size, bool) or not isinstance(state_size, int) or state_size <= 0:
-            raise ValueError(f"state_size must be a positive int. Received: state_size={state_size}")
+        check_positive_int("state_size", state_size)
+        if not isinstance(selective, bool):
+            raise ValueError(f"selective must be a bool. Received: selective={selective!r}")
         if init is None:
             init = "s4d_real" if selective else "s4d_lin"
         if init not in INITS:
@@ -166,14 +172,15 @@ class StateSpaceMixer(keras.layers.Layer):
                 f"discretization must be one of {DISCRETIZATIONS}. "
                 f"Received: discretization={discretization!r}"
             )
-        if not 0 < dt_min <= dt_max:
+        check_positive_number("dt_min", dt_min)
+        check_positive_number("dt_max", dt_max)
+        if not dt_min <= dt_max:
             raise ValueError(
                 f"Need 0 < dt_min <= dt_max. Received: dt_min={dt_min}, dt_max={dt_max}"
             )
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-            raise ValueError(f"chunk_size must be a positive int. Received: chunk_size={chunk_size}")
+        check_positive_int("chunk_size", chunk_size)
         self.state_size = state_size
         self.init = init
         self.discretization = discretization
@@ -185,6 +192,7 @@ class StateSpaceMixer(keras.layers.Layer):
         self.use_bias = use_bias
         self.complex = init != "s4d_real"
         self.supports_masking = True
+        self.width = None
 
     # Weights -------------------------------------------------------------------------------
     def build(self, inputs_shape):
@@ -260,10 +268,12 @@ class StateSpaceMixer(keras.layers.Layer):
         """The zero state (float32 whatever `dtype`; `max_length` is not needed)."""
         if not self.built:
             raise ValueError("init_cache needs a built StateSpaceMixer: call it once or build it.")
+        return ops.zeros(self._cache_shape(batch_size), "float32")
+
+    def _cache_shape(self, batch_size):
+        """`[B, d, N]`, or `[B, d, N, 2]` (real and imaginary parts) when time-invariant."""
         shape = (batch_size, self.width, self.state_size)
-        if not self.selective:
-            shape += (2,)
-        return ops.zeros(shape, "float32")
+        return shape if self.selective else shape + (2,)
 
     # Forward -----------------------------------------------------------------------------
     def call(
@@ -276,6 +286,10 @@ class StateSpaceMixer(keras.layers.Layer):
         cache_index=None,
         training=None,
     ):
+        check_sequence_width(inputs, self.width)
+        check_padding_mask(padding_mask, inputs)
+        if cache is not None:
+            check_state(cache, "cache", self._cache_shape(inputs.shape[0]))
         if attention_mask is not None:
             raise ValueError(
                 "StateSpaceMixer has no pairwise attention mask: pass padding_mask instead. "

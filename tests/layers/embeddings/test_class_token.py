@@ -10,6 +10,8 @@ from tests.layer_checks import check_saving
 from tests.layer_checks import count_params
 from tests.layer_checks import to_numpy
 from tests.layer_checks import wrap_in_model
+from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import raises_naming
 
 DIM = 16
 
@@ -57,3 +59,15 @@ def test_mixed_precision(rng, policy):
 def test_rank_error():
     with pytest.raises(ValueError, match="rank 3"):
         ClassToken()(np.zeros((2, DIM), "float32"))
+
+
+@pytest.mark.parametrize("mask", bad_padding_masks(2, 5))
+def test_bad_padding_mask_raises(rng, mask):
+    raises_naming("padding_mask", lambda: ClassToken()(tokens(rng), padding_mask=mask))
+
+
+def test_bad_inputs_and_initializer_raise(rng):
+    layer = ClassToken()
+    layer(tokens(rng))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(2, 5, DIM + 1)).astype("float32")))
+    raises_naming("initializer", lambda: ClassToken(initializer="not_an_initializer"))

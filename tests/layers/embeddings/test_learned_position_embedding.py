@@ -12,6 +12,7 @@ from tests.layer_checks import count_params
 from tests.layer_checks import to_numpy
 from tests.layer_checks import wrap_in_model
 from tests.layer_checks import xla_only
+from tests.layers.bad_inputs import raises_naming
 
 TABLE, DIM = 8, 6
 
@@ -142,3 +143,10 @@ def test_start_index_past_the_table_fails(rng):
 def test_rank_must_be_three(rng):
     with pytest.raises(ValueError, match=r"inputs_shape=\(2, 5\)"):
         make_layer()(rng.normal(size=(2, 5)).astype("float32"))
+
+
+def test_bad_inputs_and_initializer_raise(rng):
+    layer = make_layer()
+    layer(embeddings(rng))
+    raises_naming("inputs", lambda: layer(embeddings(rng, dim=DIM + 2)))
+    raises_naming("initializer", lambda: make_layer(initializer="not_an_initializer"))

@@ -13,6 +13,7 @@ from tests.layer_checks import to_numpy
 from tests.layer_checks import wrap_in_model
 from tests.layer_checks import xla_only
 from tests.reference import vision as reference
+from tests.layers.bad_inputs import raises_naming
 
 PATCH, DIM = 2, 16
 
@@ -99,3 +100,16 @@ def test_errors(rng):
         layer(images(rng, height=8, width=8, channels=1))
     with pytest.raises(ValueError, match="rank 4"):
         make_layer()(np.zeros((2, 4, 4), "float32"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"kernel_initializer": "not_an_initializer"}, "kernel_initializer"),
+        ({"bias_initializer": 3}, "bias_initializer"),
+        ({"patch_size": True}, "patch_size"),
+        ({"hidden_dim": 2.0}, "hidden_dim"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    raises_naming(name, lambda: make_layer(**kwargs))

@@ -15,6 +15,7 @@ from tests.layer_checks import count_params
 from tests.layer_checks import to_numpy
 from tests.layer_checks import wrap_in_model
 from tests.reference import vision as reference
+from tests.layers.bad_inputs import raises_naming
 
 ROWS, COLS, DIM = 2, 3, 16
 
@@ -99,3 +100,23 @@ def test_errors(rng):
         sinusoid_table_2d(2, 2, 7)
     with pytest.raises(ValueError, match="rows=0"):
         sinusoid_table_2d(0, 2, 8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"base": "x"}, "base"),
+        ({"base": -2.0}, "base"),
+        ({"initializer": "not_an_initializer"}, "initializer"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    raises_naming(name, lambda: make_layer(**kwargs))
+
+
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal_2d"])
+def test_bad_inputs_raise(rng, kind):
+    layer = make_layer(kind=kind)
+    layer(patches(rng))
+    raises_naming("inputs", lambda: layer(patches(rng, dim=DIM + 2)))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(2, DIM)).astype("float32")))

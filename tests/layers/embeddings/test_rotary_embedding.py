@@ -12,6 +12,7 @@ from tests.layer_checks import count_params
 from tests.layer_checks import to_numpy
 from tests.layer_checks import xla_only
 from tests.reference import positions as ref
+from tests.layers.bad_inputs import raises_naming
 
 SHAPE = (2, 6, 2, 8)  # [B, T, H, Dh]
 
@@ -184,3 +185,38 @@ def test_odd_head_dim_fails_in_the_rotate_hook(rng):
     q = heads(rng, (2, 4, 2, 7))
     with pytest.raises(ValueError, match="head_dim=7"):
         RotaryEmbedding().rotate(q, q, np.arange(4), np.arange(4))
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"max_wavelength": "x"}, "max_wavelength"),
+        ({"max_wavelength": 0.5}, "max_wavelength"),
+        ({"scaling_factor": None}, "scaling_factor"),
+        ({"scaling_factor": 0.5}, "scaling_factor"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    raises_naming(name, lambda: RotaryEmbedding(**kwargs))
+
+
+@pytest.mark.parametrize(
+    "positions",
+    [
+        pytest.param(np.arange(SHAPE[1] + 1), id="longer"),
+        pytest.param(np.zeros((SHAPE[0] + 1, SHAPE[1]), "int32"), id="batch"),
+        pytest.param(np.zeros(SHAPE[:2] + (1,), "int32"), id="rank3"),
+    ],
+)
+def test_bad_positions_raise(rng, positions):
+    layer = RotaryEmbedding()
+    raises_naming("positions", lambda: layer(heads(rng), positions=positions))
+    query = keras.ops.convert_to_tensor(heads(rng))
+    raises_naming("query_positions",
+                  lambda: layer.rotate(query, query, positions, np.arange(SHAPE[1])))
+    raises_naming("key_positions",
+                  lambda: layer.rotate(query, query, np.arange(SHAPE[1]), positions))
+
+
+def test_bad_inputs_raise(rng):
+    raises_naming("inputs", lambda: RotaryEmbedding()(heads(rng, shape=(2, 6, 8))))

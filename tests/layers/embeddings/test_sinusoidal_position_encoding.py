@@ -13,6 +13,7 @@ from tests.layer_checks import to_numpy
 from tests.layer_checks import wrap_in_model
 from tests.layer_checks import xla_only
 from tests.reference import positions as ref
+from tests.layers.bad_inputs import raises_naming
 
 
 def embeddings(rng, batch=2, length=6, dim=8):
@@ -159,3 +160,22 @@ def test_invalid_base(base):
 def test_rank_must_be_three(rng):
     with pytest.raises(ValueError, match=r"inputs_shape=\(2, 6\)"):
         SinusoidalPositionEncoding()(rng.normal(size=(2, 6)).astype("float32"))
+
+
+@pytest.mark.parametrize("base", ["x", None, 0.5, -1])
+def test_bad_base_raises(base):
+    raises_naming("base", lambda: SinusoidalPositionEncoding(base=base))
+
+
+@pytest.mark.parametrize(
+    "positions",
+    [
+        pytest.param(np.arange(7), id="longer"),
+        pytest.param(np.zeros((3, 6), "int32"), id="batch"),
+        pytest.param(np.zeros((2, 6, 1), "int32"), id="rank3"),
+    ],
+)
+def test_bad_positions_and_inputs_raise(rng, positions):
+    layer = SinusoidalPositionEncoding()
+    raises_naming("positions", lambda: layer(embeddings(rng), positions=positions))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(2, 6)).astype("float32")))

@@ -2,6 +2,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_xf.layers import TokenAndPositionEmbedding
 from keras_xf.layers import TokenEmbedding
 from tests.layer_checks import check_config_round_trip
 from tests.layer_checks import check_fit_step
@@ -12,6 +13,7 @@ from tests.layer_checks import count_params
 from tests.layer_checks import to_numpy
 from tests.layer_checks import wrap_in_model
 from tests.layer_checks import xla_only
+from tests.layers.bad_inputs import raises_naming
 
 VOCAB, DIM = 11, 8
 
@@ -188,3 +190,29 @@ def test_jit_compile(rng, tie_weights):
 def test_invalid_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_layer(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: make_layer(embeddings_initializer="not_an_initializer"),
+         "embeddings_initializer"),
+        (lambda: make_layer(vocabulary_size=True), "vocabulary_size"),
+        (lambda: TokenAndPositionEmbedding(VOCAB, DIM, dropout=1.5), "dropout"),
+        (lambda: TokenAndPositionEmbedding(VOCAB, DIM, max_sequence_length=0),
+         "max_sequence_length"),
+        (lambda: TokenAndPositionEmbedding(VOCAB, DIM, embeddings_initializer=4),
+         "embeddings_initializer"),
+        (lambda: TokenAndPositionEmbedding(VOCAB, 0), "embedding_dim"),
+    ],
+)
+def test_bad_constructor_arguments_raise(make, name):
+    raises_naming(name, make)
+
+
+@pytest.mark.parametrize("tie_weights", [True, False])
+def test_bad_reverse_inputs_raise(rng, tie_weights):
+    layer = make_layer(tie_weights=tie_weights)
+    layer(token_ids(rng))
+    hidden = rng.normal(size=(2, 5, DIM + 1)).astype("float32")
+    raises_naming("inputs", lambda: layer(hidden, reverse=True))

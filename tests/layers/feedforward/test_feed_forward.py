@@ -16,6 +16,7 @@ from tests.layer_checks import to_numpy
 from tests.layer_checks import wrap_in_model
 from tests.layer_checks import xla_only
 from tests.reference import layers as ref
+from tests.layers.bad_inputs import raises_naming
 
 WIDTH, HIDDEN = 8, 16
 GATED = {"swiglu": ref.silu, "geglu": ref.gelu}
@@ -198,3 +199,16 @@ def test_mismatched_input_width(rng):
     layer.build((2, 5, 16))
     with pytest.raises(ValueError, match=r"built for width 16.*inputs\.shape=\(2, 5, 8\)"):
         layer(make_inputs(rng, width=8)[0])
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"kernel_initializer": "not_an_initializer"}, "kernel_initializer"),
+        ({"bias_initializer": 3}, "bias_initializer"),
+        ({"hidden_dim": True}, "hidden_dim"),
+        ({"dropout": "x"}, "dropout"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    raises_naming(name, lambda: make_layer(**kwargs))

@@ -13,6 +13,8 @@ from tests import layer_checks as checks
 from tests.models.tiny import causal_lm
 from tests.models.tiny import token_batch
 from tests.reference import moe as ref
+from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import raises_naming
 
 B, T, D, M, F = 2, 6, 16, 4, 8
 LENGTHS = [T, 4]
@@ -247,12 +249,12 @@ def test_causal_lm_trains_dropless_sliced_under_mixed_bfloat16_and_xla(rng):
     "kwargs, message",
     [
         (dict(top_k=5), "top_k must not exceed num_experts"),
-        (dict(capacity_factor=0), "capacity_factor must be a positive float"),
-        (dict(capacity_factor=-1.0), "capacity_factor must be a positive float"),
+        (dict(capacity_factor=0), "capacity_factor must be a positive number"),
+        (dict(capacity_factor=-1.0), "capacity_factor must be a positive number"),
         (dict(router_order="topk"), "router_order must be one of"),
         (dict(slices=True, intermediate_dim=6), "num_experts must divide intermediate_dim"),
         (dict(activation="tanh"), "activation must be one of"),
-        (dict(noise_std=-0.1), "noise_std must be a float >= 0"),
+        (dict(noise_std=-0.1), "noise_std must be a non-negative number"),
     ],
 )
 def test_bad_configs_raise(kwargs, message):
@@ -260,3 +262,44 @@ def test_bad_configs_raise(kwargs, message):
     with pytest.raises(ValueError, match=message) as info:
         MixtureOfExperts(M, **kwargs)
     assert "Received" in str(info.value)
+
+
+@pytest.mark.parametrize("mask", bad_padding_masks(B, T))
+@pytest.mark.parametrize("capacity_factor", [1.25, None])
+def test_bad_padding_mask_raises(rng, capacity_factor, mask):
+    layer = MixtureOfExperts(M, F, capacity_factor=capacity_factor)
+    raises_naming("padding_mask", lambda: layer(_inputs(rng), padding_mask=mask))
+
+
+def test_bad_inputs_raise(rng):
+    layer = MixtureOfExperts(M, F)
+    layer(_inputs(rng))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(B, T, D + 2)).astype("float32")))
+    router = layer.router
+    raises_naming("inputs", lambda: router(rng.normal(size=(B, D + 2)).astype("float32")))
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(kernel_initializer="not_an_initializer"), "kernel_initializer"),
+        (dict(bias_initializer=3), "bias_initializer"),
+        (dict(capacity_factor="x"), "capacity_factor"),
+        (dict(num_shared_experts=-1), "num_shared_experts"),
+        (dict(load_balance_weight=-0.5), "load_balance_weight"),
+        (dict(z_loss_weight="x"), "z_loss_weight"),
+        (dict(block_size=0), "block_size"),
+        (dict(dropout=1.0), "dropout"),
+        (dict(top_k=True), "top_k"),
+        (dict(intermediate_dim=True), "intermediate_dim"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    kwargs = {"intermediate_dim": F, **kwargs}
+    raises_naming(name, lambda: MixtureOfExperts(M, **kwargs))
+
+
+def test_bad_router_arguments_raise():
+    raises_naming("num_experts", lambda: Router(0))
+    raises_naming("kernel_initializer", lambda: Router(M, kernel_initializer="nope"))
+    raises_naming("noise_std", lambda: Router(M, noise_std="x"))

@@ -5,6 +5,7 @@ import pytest
 from keras_xf.layers import ProductKeyMemory
 from tests import layer_checks as checks
 from tests.reference import compressed as ref
+from tests.layers.bad_inputs import raises_naming
 
 B, T, D = 2, 5, 16
 
@@ -113,3 +114,22 @@ def test_bad_inputs_raise(rng):
     layer(_inputs(rng))
     with pytest.raises(ValueError, match="width 16"):
         layer(_inputs(rng, width=8))
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(kernel_initializer="not_an_initializer"), "kernel_initializer"),
+        (dict(num_keys=True), "num_keys"),
+        (dict(key_dim=2.0), "key_dim"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    kwargs = {"num_keys": 4, "top_k": 1, **kwargs}
+    raises_naming(name, lambda: ProductKeyMemory(**kwargs))
+
+
+def test_bad_input_width_names_inputs(rng):
+    layer = ProductKeyMemory(num_keys=4, top_k=2)
+    layer(_inputs(rng))
+    raises_naming("inputs", lambda: layer(_inputs(rng, width=8)))

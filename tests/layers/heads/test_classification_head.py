@@ -18,6 +18,7 @@ from tests.layer_checks import count_params
 from tests.layer_checks import to_numpy
 from tests.layer_checks import wrap_in_model
 from tests.layer_checks import xla_only
+from tests.layers.bad_inputs import raises_naming
 
 BATCH, LENGTH, WIDTH, HIDDEN, CLASSES = 2, 5, 8, 6, 3
 
@@ -179,3 +180,23 @@ def test_jit_compile(rng):
 def test_invalid_arguments(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         make_layer(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"activation": "not_an_activation"}, "activation"),
+        ({"intermediate_activation": 3}, "intermediate_activation"),
+        ({"num_classes": True}, "num_classes"),
+        ({"dropout": "x"}, "dropout"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    raises_naming(name, lambda: make_layer(**kwargs))
+
+
+@pytest.mark.parametrize("intermediate_dim", [None, HIDDEN])
+def test_bad_input_width_raises(rng, intermediate_dim):
+    layer = make_layer(intermediate_dim=intermediate_dim)
+    layer(rng.normal(size=(BATCH, WIDTH)).astype("float32"))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(BATCH, WIDTH + 1)).astype("float32")))

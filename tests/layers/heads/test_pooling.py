@@ -13,6 +13,8 @@ from tests.layer_checks import check_saving
 from tests.layer_checks import count_params
 from tests.layer_checks import to_numpy
 from tests.layer_checks import xla_only
+from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import raises_naming
 
 MODES = ("cls", "mean", "max")
 BATCH, LENGTH, WIDTH = 3, 6, 4
@@ -142,3 +144,10 @@ def test_invalid_mode():
 def test_wrong_input_rank():
     with pytest.raises(ValueError, match=r"rank 3.*inputs_shape=\(2, 4\)"):
         Pooling("mean")(np.zeros((2, WIDTH), "float32"))
+
+
+@pytest.mark.parametrize("mask", bad_padding_masks(BATCH, LENGTH))
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_padding_mask_raises(rng, mode, mask):
+    x, _ = make_inputs(rng)
+    raises_naming("padding_mask", lambda: Pooling(mode)(x, padding_mask=mask))

@@ -7,6 +7,8 @@ import pytest
 
 from keras_xf.layers import AverageAttention
 from tests import layer_checks as checks
+from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import raises_naming
 from tests.reference import recurrent as ref
 
 B, T, D = 2, 8, 16
@@ -137,3 +139,35 @@ def test_bad_configs_and_calls_raise(rng):
     causal.build(x.shape)
     with pytest.raises(ValueError, match="use_causal_mask=False"):
         causal(x, use_causal_mask=False, cache=causal.init_cache(B, T))
+
+
+@pytest.mark.parametrize("mask", bad_padding_masks(B, T))
+@pytest.mark.parametrize("causal", [True, False])
+def test_bad_padding_mask_raises(rng, causal, mask):
+    layer = AverageAttention(causal=causal)
+    raises_naming("padding_mask", lambda: layer(_inputs(rng), padding_mask=mask))
+
+
+def test_bad_inputs_and_cache_raise(rng):
+    layer = AverageAttention()
+    layer(_inputs(rng))
+    step = _inputs(rng)[:, :1]
+    raises_naming("inputs", lambda: layer(rng.normal(size=(B, T, D + 2)).astype("float32")))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(B, D)).astype("float32")))
+    sums, counts = layer.init_cache(B)
+    for bad in ((sums,), (sums, np.zeros((B + 1,), "float32")),
+                (np.zeros((B, D - 1), "float32"), counts), sums):
+        raises_naming("cache", lambda: layer(step, cache=bad, cache_index=0))
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(kernel_initializer="not_an_initializer"), "kernel_initializer"),
+        (dict(bias_initializer=2), "bias_initializer"),
+        (dict(activation="not_an_activation"), "activation"),
+        (dict(intermediate_dim=True), "intermediate_dim"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    raises_naming(name, lambda: AverageAttention(**kwargs))

@@ -13,6 +13,8 @@ from keras_xf.layers import FeedForward
 from keras_xf.layers import LightweightConvolution
 from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
+from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import raises_naming
 from tests.models.tiny import FFN
 from tests.models.tiny import causal_lm
 from tests.models.tiny import randomize_embeddings
@@ -321,3 +323,40 @@ def test_bad_calls_raise(rng, kind):
     if kind in ("lightweight", "dynamic"):
         with pytest.raises(ValueError, match="num_heads=3, hidden_dim=16"):
             type(layer)(3, 3)(x)
+
+
+@pytest.mark.parametrize("mask", bad_padding_masks(B, T))
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_padding_mask_raises(rng, kind, mask):
+    layer = FACTORIES[kind]()
+    message = raises_naming("padding_mask", lambda: layer(_inputs(rng), padding_mask=mask))
+    assert f"Received: padding_mask.shape={mask.shape}" in message
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_inputs_and_cache_raise(rng, kind):
+    layer = FACTORIES[kind](causal=True)
+    layer(_inputs(rng))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(B, T, D + 2)).astype("float32")))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(B, T)).astype("float32")))
+    cache = layer.init_cache(B)
+    step = _inputs(rng, 1)
+    for bad in (np.zeros((B + 1,) + tuple(cache.shape[1:]), "float32"),
+                np.zeros(tuple(cache.shape[:2]) + (cache.shape[2] + 1,), "float32"),
+                np.zeros(tuple(cache.shape[1:]), "float32")):
+        raises_naming("cache", lambda: layer(step, cache=bad, cache_index=0))
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: DepthwiseConvolution(3, kernel_initializer="not_an_initializer"),
+         "kernel_initializer"),
+        (lambda: LightweightConvolution(3, H, bias_initializer=3), "bias_initializer"),
+        (lambda: DynamicConvolution(3, H, weight_dropout="x"), "weight_dropout"),
+        (lambda: ConformerConvolution(3, activation=7), "activation"),
+        (lambda: ConformerConvolution(3, expansion=True), "expansion"),
+    ],
+)
+def test_bad_constructor_arguments_raise(make, name):
+    raises_naming(name, make)

@@ -10,6 +10,8 @@ from keras_xf.layers import LinearAttention
 from keras_xf.layers import TransformerBlock
 from keras_xf.ops import causal_linear_attention
 from tests import layer_checks as checks
+from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import raises_naming
 from tests.models.tiny import FFN
 from tests.models.tiny import causal_lm
 from tests.models.tiny import randomize_embeddings
@@ -364,11 +366,20 @@ def test_causal_lm_trains(rng):
         (dict(key_convolution=0), "key_convolution"),
         (dict(key_convolution=2.0), "key_convolution"),
         (dict(key_convolution=True), "key_convolution"),
+        (dict(epsilon=-1), "epsilon"),
+        (dict(epsilon="x"), "epsilon"),
+        (dict(kernel_initializer="not_an_initializer"), "kernel_initializer"),
+        (dict(bias_initializer=3), "bias_initializer"),
+        (dict(key_convolution=3, key_convolution_initializer="nope"),
+         "key_convolution_initializer"),
+        (dict(num_heads=True), "num_heads"),
+        (dict(head_dim=0), "head_dim"),
     ],
 )
 def test_bad_configs_raise(kwargs, match):
+    kwargs = {"num_heads": H, **kwargs}
     with pytest.raises(ValueError, match=match):
-        LinearAttention(H, **kwargs)
+        LinearAttention(**kwargs)
 
 
 def test_bad_calls_raise(rng):
@@ -382,3 +393,23 @@ def test_bad_calls_raise(rng):
         layer(x, cache=layer.init_cache(B, T), cache_index=0, use_causal_mask=False)
     with pytest.raises(ValueError, match="num_heads"):
         LinearAttention(3)(x)
+
+
+@pytest.mark.parametrize("mask", bad_padding_masks(B, T))
+@pytest.mark.parametrize("causal", [True, False])
+def test_bad_padding_mask_raises(rng, causal, mask):
+    layer = LinearAttention(H, causal=causal)
+    raises_naming("padding_mask", lambda: layer(_inputs(rng), padding_mask=mask))
+
+
+@pytest.mark.parametrize("key_convolution", [None, 3])
+def test_bad_inputs_and_cache_raise(rng, key_convolution):
+    layer = LinearAttention(H, causal=True, key_convolution=key_convolution)
+    layer(_inputs(rng))
+    step = _inputs(rng)[:, :1]
+    raises_naming("inputs", lambda: layer(rng.normal(size=(B, T, D + 2)).astype("float32")))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(B, D)).astype("float32")))
+    cache = layer.init_cache(B)
+    wrong_batch = tuple(np.zeros((B + 1,) + tuple(c.shape[1:]), "float32") for c in cache)
+    for bad in (cache[:1], cache + cache[:1], wrong_batch, cache[0]):
+        raises_naming("cache", lambda: layer(step, cache=bad, cache_index=0))

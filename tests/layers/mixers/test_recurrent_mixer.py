@@ -10,6 +10,8 @@ from keras_xf.layers import FeedForward
 from keras_xf.layers import RecurrentMixer
 from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
+from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import raises_naming
 from tests.models.tiny import FFN
 from tests.models.tiny import text_classifier
 from tests.models.tiny import token_batch
@@ -192,3 +194,37 @@ def test_bad_configs_and_calls_raise(rng):
         bidirectional.init_cache(B, T)
     with pytest.raises(ValueError, match="cache"):
         bidirectional(x, cache=(np.zeros((B, 8), "float32"),))
+
+
+@pytest.mark.parametrize("mask", bad_padding_masks(B, T))
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_bad_padding_mask_raises(rng, bidirectional, mask):
+    layer = RecurrentMixer("gru", bidirectional=bidirectional)
+    raises_naming("padding_mask", lambda: layer(_inputs(rng), padding_mask=mask))
+
+
+def test_bad_inputs_and_cache_raise(rng):
+    layer = RecurrentMixer("lstm")
+    layer(_inputs(rng))
+    step = _inputs(rng)[:, :1]
+    # A one-step input with a full-length mask was broadcast to [B, T, d] on PyTorch.
+    raises_naming("padding_mask", lambda: layer(step, padding_mask=_padding()))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(B, T, D + 2)).astype("float32")))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(B, D)).astype("float32")))
+    h, c = layer.init_cache(B)
+    for bad in ((h,), (h, c, c), (np.zeros((1, D), "float32"), c),
+                (h, np.zeros((B, D + 1), "float32")), h):
+        raises_naming("cache", lambda: layer(step, cache=bad, cache_index=0))
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(kernel_initializer="not_an_initializer"), "kernel_initializer"),
+        (dict(recurrent_initializer=1.5), "recurrent_initializer"),
+        (dict(bias_initializer="nope"), "bias_initializer"),
+        (dict(units=True), "units"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    raises_naming(name, lambda: RecurrentMixer("lstm", **kwargs))

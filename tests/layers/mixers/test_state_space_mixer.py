@@ -9,6 +9,8 @@ from keras_xf.layers import FeedForward
 from keras_xf.layers import StateSpaceMixer
 from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
+from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import raises_naming
 from tests.models.tiny import VOCAB
 from tests.models.tiny import WIDTH
 from tests.models.tiny import causal_lm
@@ -219,3 +221,36 @@ def test_bad_configs_raise():
     layer = StateSpaceMixer(4)
     with pytest.raises(ValueError, match="attention_mask"):
         layer(np.zeros((1, 3, 8), "float32"), attention_mask=np.ones((1, 3, 3), bool))
+
+
+@pytest.mark.parametrize("mask", bad_padding_masks(2, 5))
+@pytest.mark.parametrize("selective", [False, True])
+def test_bad_padding_mask_raises(rng, selective, mask):
+    layer = StateSpaceMixer(STATE, selective=selective)
+    raises_naming("padding_mask", lambda: layer(_inputs(rng, length=5), padding_mask=mask))
+
+
+@pytest.mark.parametrize("selective", [False, True])
+def test_bad_inputs_and_cache_raise(rng, selective):
+    layer = StateSpaceMixer(STATE, selective=selective)
+    layer(_inputs(rng, length=5))
+    step = _inputs(rng, length=1)
+    raises_naming("inputs", lambda: layer(rng.normal(size=(2, 5, WIDTH + 2)).astype("float32")))
+    raises_naming("inputs", lambda: layer(rng.normal(size=(2, WIDTH)).astype("float32")))
+    cache = keras.ops.convert_to_numpy(layer.init_cache(2))
+    for bad in (cache[:1], cache[..., :1], cache[0], (cache,)):
+        raises_naming("cache", lambda: layer(step, cache=bad, cache_index=0))
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(state_size=True), "state_size"),
+        (dict(dt_min=-1.0), "dt_min"),
+        (dict(dt_max="x"), "dt_max"),
+        (dict(chunk_size=0), "chunk_size"),
+        (dict(selective="yes"), "selective"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, name):
+    raises_naming(name, lambda: StateSpaceMixer(**kwargs))
