@@ -317,7 +317,8 @@ def constructor_case(cls, name, value):
 
 
 def _mask(name, batch, query_length, key_length, kind):
-    """A `name` call argument: the valid shape, or one with a wrong batch, length or rank."""
+    """A `name` call argument: the valid shape, or one with a wrong batch, length or rank.
+    `key_length` is the encoder's length for `encoder_padding_mask`."""
     if name in PADDING_MASKS:
         shape = [batch, key_length if name == "encoder_padding_mask" else query_length]
     else:
@@ -387,10 +388,15 @@ def call_case(cls, argument, kind):
         first = keras.ops.convert_to_numpy(args[0])
         layer_name = type(layer).__name__
         batch, length = first.shape[0], first.shape[1]
+        named = dict(zip(call_parameters(layer), args), **kwargs)
+        # Attention matrices span the queries and the keys (`value`/`key` of a cross-attention
+        # call; a block's own self-attention otherwise); encoder_padding_mask the encoder.
         key_length = length
-        for key in ("encoder_outputs", "key", "value"):
-            if _is_tensor(kwargs.get(key)):
-                key_length = tuple(kwargs[key].shape)[1]
+        for key in ("value", "key"):
+            if _is_tensor(named.get(key)):
+                key_length = tuple(named[key].shape)[1]
+        encoder = named.get("encoder_outputs")
+        encoder_length = tuple(encoder.shape)[1] if _is_tensor(encoder) else length
         if argument == "inputs":
             # The error may name the input, a constructor limit (a maximum length) or a mask
             # given with the call that the changed input no longer matches.
@@ -409,7 +415,8 @@ def call_case(cls, argument, kind):
             where = f"{layer_name} called on {_first_parameter(layer)} of shape {shape} ({kind})"
         else:
             names = [argument]
-            kwargs[argument] = _mask(argument, batch, length, key_length, kind)
+            other = encoder_length if argument == "encoder_padding_mask" else key_length
+            kwargs[argument] = _mask(argument, batch, length, other, kind)
             where = (f"{layer_name} called on inputs {first.shape} with {argument} of shape "
                      f"{kwargs[argument].shape} ({kind})")
         result = []
