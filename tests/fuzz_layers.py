@@ -387,6 +387,8 @@ def call_case(cls, argument, kind):
         args, kwargs = list(call.args), dict(call.kwargs)
         first = keras.ops.convert_to_numpy(args[0])
         layer_name = type(layer).__name__
+        if type(layer) is not cls:
+            layer_name += f" (in the {cls.__name__} example)"
         batch, length = first.shape[0], first.shape[1]
         named = dict(zip(call_parameters(layer), args), **kwargs)
         # Attention matrices span the queries and the keys (`value`/`key` of a cross-attention
