@@ -26,6 +26,10 @@ class AttentionPattern(keras.layers.Layer):
     - `supports_decoding`: the field of a query depends only on its own position and the keys
       before it, so token-by-token cached decoding gives the full pass's result. A pattern
       that sets it to `False` raises a `ValueError` when used with `cache_index`.
+
+    Example:
+    >>> mha = MultiHeadAttention(num_heads=2, pattern=AttentionPattern())  # every key allowed
+    >>> y = mha(keras.random.normal((2, 6, 16)))  # (2, 6, 16), as without a pattern
     """
 
     uses_states = False
