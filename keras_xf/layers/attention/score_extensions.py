@@ -115,7 +115,7 @@ class ScoreExtensionsMixin:
             keys = f"the rolling cache of {slots} slots"
         elif cache is not None and (cache_index is not None or value is None):
             key_length = static_dim(cache.shape[2])
-            keys = f"the cache's key_length, cache.shape[2] of cache.shape={tuple(cache.shape)}"
+            keys = f"cache.shape={tuple(cache.shape)} (key_length = cache.shape[2])"
         else:
             name, source = next(
                 (n, t) for n, t in (("key", key), ("value", value), ("query", query))
