@@ -15,11 +15,11 @@ from keras_xf.ops.attention import masked_softmax
 from keras_xf.ops.attention import scaled_dot_product_attention
 from keras_xf.ops.block_sparse_attention import block_sparse_attention
 from keras_xf.ops.cache import update_cache
-from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import get_initializer
+from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.masks import merge_masks
 
 
