@@ -2,6 +2,9 @@
 
 import keras
 
+from keras_xf.ops.backend_specific import register_module_parameters
+from keras_xf.ops.backend_specific import sets_attributes_before_module_init
+
 
 class FunctionalModel(keras.Model):
     """A functional `keras.Model` whose config holds hyperparameters only.
@@ -14,17 +17,13 @@ class FunctionalModel(keras.Model):
     def __init__(self, *args, dtype=None, **kwargs):
         super().__init__(*args, **kwargs)
         self._initialized = True
-        if keras.config.backend() == "torch":
-            # `_torch_params` was set during `__init__`, past torch's `__setattr__`: register
-            # it again so that `parameters()` (torch.onnx / torch.export tracing) sees weights.
-            self._track_variables()
+        register_module_parameters(self)
         if dtype is not None:
             self.dtype_policy = keras.dtype_policies.get(dtype)
 
     def __setattr__(self, name, value):
-        # PyTorch modules cannot hold attributes before `Module.__init__` has run; layers
-        # assigned before the functional `__init__` are tracked by the graph instead.
-        if keras.config.backend() == "torch" and not hasattr(self, "_initialized"):
+        # Layers assigned before the functional `__init__` are tracked by the graph instead.
+        if sets_attributes_before_module_init(self):
             return object.__setattr__(self, name, value)
         return super().__setattr__(name, value)
 

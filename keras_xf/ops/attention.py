@@ -8,6 +8,7 @@ survey §5.4). Masks are boolean and broadcastable to `[B, H, T, S]`, `True` mea
 import keras
 from keras import ops
 
+from keras_xf.ops.backend_specific import dot_product_attention
 from keras_xf.ops.masks import causal_mask
 from keras_xf.ops.masks import merge_masks
 
@@ -70,36 +71,21 @@ def repeat_kv_heads(tensor, num_heads):
 
 
 def attention_scores(query, key, scale=None):
-    """`q·kᵀ · scale` as float32 `[B, H, T, S]`; `scale` defaults to `1/√Dh` (survey §2.3)."""
+    """`q·kᵀ · scale` as float32 `[B, H, T, S]`; `scale` defaults to `1/√Dh` (survey §2.3).
+
+    The product is formed in float32: in float16 a sum of `Dh` products overflows (to inf,
+    then NaN after the softmax) once queries and keys reach a few hundred."""
     if scale is None:
         scale = 1.0 / float(query.shape[-1]) ** 0.5
     key = repeat_kv_heads(key, query.shape[2])
-    scores = ops.einsum("bthd,bshd->bhts", query, key)
-    return ops.cast(scores, "float32") * scale
+    scores = ops.einsum("bthd,bshd->bhts", ops.cast(query, "float32"), ops.cast(key, "float32"))
+    return scores * scale
 
 
 def attend(weights, value):
     """`α·v`: weights `[B, H, T, S]` and values `[B, S, Hkv, Dh]` give `[B, T, H, Dh]`."""
     value = repeat_kv_heads(value, weights.shape[1])
     return ops.einsum("bhts,bshd->bthd", ops.cast(weights, value.dtype), value)
-
-
-def _torch_attention(query, key, value, mask, bias, scale):
-    """PyTorch's `scaled_dot_product_attention` on `[B, H, T, Dh]` views of the inputs.
-
-    `keras.ops.dot_product_attention` makes contiguous copies of the transposed keys and
-    values first; reading a cache `[B, 2, L, Hkv, Dh]` that costs two copies of the whole
-    cache per layer and step. The kernel takes the strided views as they are.
-    """
-    import torch.nn.functional as F
-
-    key = repeat_kv_heads(key, query.shape[2])
-    value = repeat_kv_heads(value, query.shape[2])
-    query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))
-    outputs = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask if bias is None else bias, scale=scale
-    )
-    return ops.transpose(outputs, (0, 2, 1, 3))
 
 
 def _fused_attention(query, key, value, mask, bias, scale):
@@ -119,12 +105,7 @@ def _fused_attention(query, key, value, mask, bias, scale):
     if key.shape[2] == 1 and query.shape[2] > 1:
         # Keras's TensorFlow kernel mis-shapes a single key/value head (multi-query attention).
         key, value = repeat_kv_heads(key, query.shape[2]), repeat_kv_heads(value, query.shape[2])
-    if keras.config.backend() == "torch":
-        outputs = _torch_attention(query, key, value, mask, bias, scale)
-    else:
-        outputs = ops.dot_product_attention(
-            query, key, value, bias=bias, mask=mask, scale=scale, flash_attention=False
-        )
+    outputs = dot_product_attention(query, key, value, mask, bias, scale)
     if row_valid is not None:
         row_valid = ops.transpose(row_valid, (0, 2, 1, 3))  # [B|1, T, H|1, 1]
         outputs = ops.where(row_valid, outputs, ops.zeros_like(outputs))
@@ -187,8 +168,9 @@ def scaled_dot_product_attention(
     use_dropout = bool(training) and dropout_rate > 0
     if scale is None:
         scale = 1.0 / float(query.shape[-1]) ** 0.5
-    # float16 takes the explicit path: XLA on CPU lacks the float16 x float16 -> float32 dot
-    # that JAX's fused kernel asks for, and the explicit path keeps the softmax in float32.
+    # float16 takes the explicit path, whose scores and softmax are float32: the fused
+    # kernels form q·kᵀ in float16, which overflows once inputs reach a few hundred (and XLA
+    # on CPU lacks the float16 x float16 -> float32 dot that JAX's kernel asks for).
     half = keras.backend.standardize_dtype(query.dtype) == "float16"
     if not return_weights and not use_dropout and not half:
         return _fused_attention(query, key, value, mask, bias, scale)

@@ -137,8 +137,9 @@ def block_sparse_attention(
         keys = ops.greater(_shifted_blocks(keys, offsets), 0)  # [B, nb, K]
         mask = ops.logical_and(mask, keys[:, :, None, None, None, :])
 
-    scores = ops.einsum("bnqhgd,bnkhd->bnhgqk", q, k)
-    weights = masked_softmax(ops.cast(scores, "float32") * scale, mask)
+    # Scores in float32: a float16 q·kᵀ overflows once inputs reach a few hundred.
+    scores = ops.einsum("bnqhgd,bnkhd->bnhgqk", ops.cast(q, "float32"), ops.cast(k, "float32"))
+    weights = masked_softmax(scores * scale, mask)
     if training and dropout_rate > 0:
         weights = keras.random.dropout(weights, dropout_rate, seed=seed_generator)
     outputs = ops.einsum("bnhgqk,bnkhd->bnqhgd", ops.cast(weights, value.dtype), v)

@@ -222,3 +222,38 @@ def check_positions(positions, inputs, name="positions", inputs_name="inputs"):
             f"Received: {name}.shape={shape}"
         )
     return positions
+
+
+def check_key_padding_mask(padding_mask, batch_size, key_length, keys, name="padding_mask"):
+    """A padding mask `[batch, key_length]` over the keys of an attention layer, whose keys
+    come from `keys` (a description: `"value.shape=(2, 6, 16)"`, `"the cache of length 8"`).
+
+    Returns the mask unchanged, or `None` when it is `None`.
+    """
+    if padding_mask is None:
+        return None
+    shape = _shape(padding_mask)
+    if len(shape) != 2 or _dims_differ(shape[0], batch_size) or _dims_differ(shape[1], key_length):
+        raise ValueError(
+            f"{name} must have shape [batch, key_length] = ({batch_size}, {key_length}), "
+            f"matching {keys}. Received: {name}.shape={shape}"
+        )
+    return padding_mask
+
+
+def check_attention_mask(mask, batch_size, query_length, key_length, num_heads=None,
+                         name="attention_mask"):
+    """A boolean attention mask: `[query_length, key_length]` shared by the batch, or one of
+    the layouts of `check_attention_matrix`.
+
+    Returns the mask unchanged, or `None` when it is `None`.
+    """
+    if mask is None or len(mask.shape) != 2:
+        return check_attention_matrix(mask, name, batch_size, query_length, key_length, num_heads)
+    shape = _shape(mask)
+    if _dims_differ(shape[0], query_length) or _dims_differ(shape[1], key_length):
+        raise ValueError(
+            f"{name} of rank 2 must have shape [query_length, key_length] = ({query_length}, "
+            f"{key_length}). Received: {name}.shape={shape}"
+        )
+    return mask

@@ -18,6 +18,8 @@ or lose precision in bfloat16.
 import keras
 from keras import ops
 
+from keras_xf.ops.backend_specific import time_loop
+
 METHODS = ("associative", "sequential", "chunked")
 
 _LOW_PRECISION = ("float16", "bfloat16")
@@ -56,120 +58,6 @@ def _combine(left, right):
     return a1 * a2, a2 * b1 + b2
 
 
-def _time_loop(step, init, xs, output_index=1):
-    """`keras.ops.scan` over the leading (time) axis of `xs`, returning `(carry, ys)` with `ys`
-    shaped like `xs[output_index]`.
-
-    On TensorFlow the loop is a `while_loop` with `maximum_iterations` (Keras's TensorFlow
-    `scan` has no iteration bound, and XLA cannot differentiate an unbounded loop): under XLA
-    it writes into a buffer (`_write_step`), elsewhere it reads and writes `TensorArray`s
-    (`_tensor_array_loop`). On PyTorch it is a Python loop over `ops.unstack`
-    slices: the slices `x[i]` of Keras's PyTorch `scan` each send back a gradient the size of
-    the whole `x`, so its backward pass was quadratic in the number of steps. JAX uses
-    `keras.ops.scan` (`lax.scan`).
-    """
-    backend = keras.config.backend()
-    if backend == "torch":
-        carry, ys = init, []
-        for inputs in zip(*(ops.unstack(x, axis=0) for x in xs)):
-            carry, y = step(carry, tuple(inputs))
-            ys.append(y)
-        return carry, ops.stack(ys, axis=0)
-    if backend != "tensorflow":
-        return ops.scan(step, init, xs)
-    length = xs[0].shape[0]
-    if not _in_xla_context():
-        return _tensor_array_loop(step, init, xs, output_index)
-
-    def body(index, carry, buffer):
-        carry, y = step(carry, tuple(ops.take(x, index, axis=0) for x in xs))
-        return index + 1, carry, _write_step(buffer, index, y)
-
-    _, carry, ys = ops.while_loop(
-        lambda index, carry, buffer: index < length,
-        body,
-        (ops.convert_to_tensor(0, "int32"), init, ops.zeros_like(xs[output_index])),
-        maximum_iterations=length,
-    )
-    return carry, ys
-
-
-def _in_xla_context():
-    """Whether TensorFlow is tracing for XLA (`tf.function(jit_compile=True)`, which is what
-    Keras's `jit_compile=True` uses): the graph or one of its outer graphs is in an XLA
-    control-flow context. Where TensorFlow's module has moved, the loop takes the form that
-    serves both (the scatter of `_write_step`)."""
-    import tensorflow as tf
-
-    try:
-        from tensorflow.python.ops import control_flow_util
-
-        return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-    except (ImportError, AttributeError):
-        return True
-
-
-def _tensor_array_loop(step, init, xs, output_index):
-    """The time loop of TensorFlow's graphs without XLA (Keras's `fit` on a CPU-only
-    TensorFlow, eager calls): the inputs are read from `TensorArray`s and the outputs written
-    into one. There a step's slice `x[i]` of a captured tensor sends back a gradient the size
-    of the whole `x` (a dense sum at every backward step), and the scatter of `_write_step`
-    copies the whole buffer at every forward step, so both grew with the square of the number
-    of steps; a `TensorArray` reads, writes and sends back one step at a time."""
-    import tensorflow as tf
-
-    length = xs[0].shape[0]
-    inputs = [
-        tf.TensorArray(x.dtype, size=length, element_shape=x.shape[1:]).unstack(x) for x in xs
-    ]
-    target = xs[output_index]
-    outputs = tf.TensorArray(target.dtype, size=length, element_shape=target.shape[1:])
-
-    def body(index, carry, outputs):
-        carry, y = step(carry, tuple(x.read(index) for x in inputs))
-        return index + 1, carry, outputs.write(index, y)
-
-    _, carry, outputs = tf.while_loop(
-        lambda index, carry, outputs: index < length,
-        body,
-        (tf.constant(0, "int32"), init, outputs),
-        maximum_iterations=length,
-    )
-    return carry, outputs.stack()
-
-
-_WRITE_GRADIENT = "KerasXfTimeLoopWrite"
-_write_gradient_registered = []
-
-
-def _write_step(buffer, index, value):
-    """`buffer[index] = value` in TensorFlow's time loop: a scatter (differentiable in
-    TensorFlow, unlike its dynamic update slice) whose gradient passes the buffer's gradient
-    on unchanged. The exact gradient zeroes slot `index` first, but the loop writes each slot
-    once into a buffer of zeros, so that slot's gradient reaches only the constant initial
-    buffer. Zeroing it made XLA copy the whole gradient buffer at every backward step (a read
-    and an in-place write of the same loop-carried buffer), so the compiled backward pass grew
-    with the square of the number of steps: 294.5 ms against 47.4 ms at 256 steps of a
-    cumulative sum over `[64, 256]` chunks. The gradient is overridden by the op's name for
-    this scatter only."""
-    import tensorflow as tf
-
-    if not _write_gradient_registered:
-        try:
-
-            @tf.RegisterGradient(_WRITE_GRADIENT)
-            def _gradient(op, upstream):
-                return upstream, None, tf.gather_nd(upstream, op.inputs[1])
-
-        except KeyError:  # registered already (this module imported twice)
-            pass
-        _write_gradient_registered.append(True)
-    indices = tf.reshape(index, (1, 1))
-    graph = tf.compat.v1.get_default_graph()
-    with graph.gradient_override_map({"TensorScatterUpdate": _WRITE_GRADIENT}):
-        return tf.tensor_scatter_nd_update(buffer, indices, value[None])
-
-
 def _sequential(a, b, initial_state):
     """Loop over time (moved to the leading axis)."""
     perm = [1, 0] + list(range(2, len(b.shape)))
@@ -182,7 +70,7 @@ def _sequential(a, b, initial_state):
         state = a_step * state + b_step
         return state, state
 
-    _, states = _time_loop(step, init, (a_t, b_t))
+    _, states = time_loop(step, init, (a_t, b_t))
     return ops.transpose(states, perm)
 
 
@@ -282,7 +170,7 @@ def _chunked(a, b, initial_state, chunk_size):
         a_step, b_step = inputs
         return a_step * state + b_step, state  # emit the state *entering* the chunk
 
-    _, entering = _time_loop(step, init, (a_last, z_last))
+    _, entering = time_loop(step, init, (a_last, z_last))
     entering = ops.expand_dims(ops.transpose(entering, perm), 2)  # [B, C, 1, ...]
     z = z_local + a_prefix * entering
     z = ops.reshape(z, [-1, num_chunks * chunk_size] + tail)
@@ -337,7 +225,7 @@ def scan_chunks(step, initial_state, sequences, chunk_size):
             x = ops.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * len(tail))
         x = ops.reshape(x, [-1, num_chunks, chunk_size] + tail)
         chunked.append(ops.transpose(x, [1, 0] + list(range(2, len(tail) + 3))))
-    state, outputs = _time_loop(step, initial_state, tuple(chunked), output_index=0)
+    state, outputs = time_loop(step, initial_state, tuple(chunked), output_index=0)
     tail = list(outputs.shape[3:])
     outputs = ops.transpose(outputs, [1, 0] + list(range(2, len(tail) + 3)))
     outputs = ops.reshape(outputs, [-1, num_chunks * chunk_size] + tail)

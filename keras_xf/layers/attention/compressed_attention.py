@@ -6,17 +6,15 @@ from keras import ops
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.ops.attention import attention_scores
 from keras_xf.ops.attention import lowest_value
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.masks import causal_mask
 from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.masks import merge_masks
 
 METHODS = ("projection", "convolution", "selection")
 _LENGTH_METHODS = ("projection", "convolution")
-
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -97,11 +95,11 @@ class CompressedAttention(MultiHeadAttention):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
         if compressed_length is not None:
-            _check_positive_int("compressed_length", compressed_length)
+            check_positive_int("compressed_length", compressed_length)
         if max_length is not None:
-            _check_positive_int("max_length", max_length)
+            check_positive_int("max_length", max_length)
         if stride is not None:
-            _check_positive_int("stride", stride)
+            check_positive_int("stride", stride)
             if method != "convolution":
                 raise ValueError(
                     "stride is used by method='convolution' only. Received: "
@@ -162,7 +160,9 @@ class CompressedAttention(MultiHeadAttention):
         self.method = method
         self.max_length = max_length
         self.stride = stride
-        self.compression_initializer = keras.initializers.get(compression_initializer)
+        self.compression_initializer = get_initializer(
+            "compression_initializer", compression_initializer
+        )
         # Per-call masks read by the `_project` / `_pattern_mask` overrides (plain attributes,
         # kept out of Keras's state tracking).
         object.__setattr__(self, "_context", None)
@@ -299,6 +299,11 @@ class CompressedAttention(MultiHeadAttention):
             finally:
                 object.__setattr__(self, "_context", None)
         self._check_length_compression_call(query, value, attention_mask, causal, cache, cache_index)
+        # Checked here: the attention below sees the compressed mask.
+        check_padding_mask(
+            padding_mask, query if value is None else value,
+            inputs_name="query" if value is None else "value",
+        )
         valid = None if padding_mask is None else ops.cast(padding_mask, "bool")
         object.__setattr__(self, "_context", valid)
         try:

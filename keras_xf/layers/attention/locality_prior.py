@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_xf.ops.attention import masked_softmax
+from keras_xf.ops.checks import get_initializer
 
 FORMS = ("additive", "mixture", "multiplicative")
 DISTANCES = ("absolute", "gaussian", "predicted")
@@ -100,6 +101,7 @@ class LocalityPrior(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
         if form not in FORMS:
             raise ValueError(f"form must be one of {FORMS}. Received: form={form!r}")
         if distance not in DISTANCES:

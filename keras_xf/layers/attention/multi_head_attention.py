@@ -4,14 +4,21 @@ import keras
 from keras import ops
 
 from keras_xf.layers.attention.score_extensions import ScoreExtensionsMixin
-from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.cloning import clone_layer
+from keras_xf.layers.head_projections import INTO_HEADS
+from keras_xf.layers.head_projections import OUT_OF_HEADS
+from keras_xf.layers.head_projections import head_projection
+from keras_xf.layers.head_projections import project
 from keras_xf.ops.attention import attend
 from keras_xf.ops.attention import attention_scores
 from keras_xf.ops.attention import masked_softmax
 from keras_xf.ops.attention import scaled_dot_product_attention
 from keras_xf.ops.block_sparse_attention import block_sparse_attention
 from keras_xf.ops.cache import update_cache
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.masks import merge_masks
 
@@ -131,25 +138,27 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(num_heads, int) or num_heads <= 0:
-            raise ValueError(f"num_heads must be a positive int. Received: num_heads={num_heads}")
-        if head_dim is not None and (not isinstance(head_dim, int) or head_dim <= 0):
-            raise ValueError(f"head_dim must be a positive int. Received: head_dim={head_dim}")
+        check_positive_int("num_heads", num_heads)
+        if head_dim is not None:
+            check_positive_int("head_dim", head_dim)
         if num_key_value_heads is None:
             num_key_value_heads = num_heads
-        if (
-            not isinstance(num_key_value_heads, int)
-            or num_key_value_heads <= 0
-            or num_heads % num_key_value_heads
-        ):
+        check_positive_int("num_key_value_heads", num_key_value_heads)
+        if num_heads % num_key_value_heads:
             raise ValueError(
                 "num_heads must be a multiple of num_key_value_heads. Received: "
                 f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}"
             )
-        if output_dim is not None and (not isinstance(output_dim, int) or output_dim <= 0):
-            raise ValueError(f"output_dim must be a positive int. Received: output_dim={output_dim}")
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+        if output_dim is not None:
+            check_positive_int("output_dim", output_dim)
+        check_rate("dropout", dropout)
+        if scale is not None:
+            check_positive_number("scale", scale)
+        if not isinstance(use_bias, bool) or not isinstance(causal, bool):
+            raise ValueError(
+                "use_bias and causal must be bools. Received: "
+                f"use_bias={use_bias!r}, causal={causal!r}"
+            )
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_key_value_heads = num_key_value_heads
@@ -162,8 +171,8 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         self.biases = [_deserialize(bias) for bias in (biases or [])]
         self.multiplier = _deserialize(multiplier)
         self.pattern = _deserialize(pattern)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         # Unseeded, as Keras's `Dropout` layer: on PyTorch a seeded generator takes Keras's
         # slow dropout path (a full tensor of keep probabilities and a Bernoulli draw per
         # element) instead of `torch.nn.functional.dropout`.
@@ -173,36 +182,16 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         self._init_score_extensions(guided_heads, qk_dim)
 
     def _projection(self, name, equation, output_shape, bias_axes):
-        return keras.layers.EinsumDense(
-            equation,
-            output_shape=output_shape,
-            bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
+        return head_projection(
+            name, equation, output_shape, bias_axes, use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer, bias_initializer=self.bias_initializer,
             dtype=self.dtype_policy,
-            name=name,
         )
 
     def _project(self, dense, inputs):
-        """`dense(inputs)` for the projections' einsum equations, computed as one matmul over
-        the flattened head axes: the same numbers, without the reshapes and dispatch of a
-        general einsum (which cost more than the arithmetic when decoding one token on
-        PyTorch). LoRA-enabled or quantised projections are called as they are."""
-        if getattr(dense, "lora_enabled", False) or getattr(dense, "quantization_mode", None):
-            return dense(inputs)
-        kernel = dense.kernel
-        if dense is self.output_dense:  # "bthk,hkd->btd"
-            batch_shape = ops.shape(inputs)[:2]
-            flat = ops.reshape(inputs, (batch_shape[0], batch_shape[1], -1))
-            outputs = ops.matmul(flat, ops.reshape(kernel, (-1, kernel.shape[-1])))
-        else:  # "btd,dhk->bthk"
-            heads, dim = kernel.shape[1], kernel.shape[2]
-            batch_shape = ops.shape(inputs)[:2]
-            outputs = ops.matmul(inputs, ops.reshape(kernel, (kernel.shape[0], heads * dim)))
-            outputs = ops.reshape(outputs, (batch_shape[0], batch_shape[1], heads, dim))
-        if dense.bias is not None:
-            outputs = outputs + dense.bias
-        return outputs
+        """`dense(inputs)` as one matmul (`keras_xf.layers.head_projections.project`);
+        subclasses override it to transform the projected keys and values."""
+        return project(dense, inputs)
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         if len(query_shape) != 3:
@@ -228,10 +217,10 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         heads, kv_heads, dim = self.num_heads, self.num_key_value_heads, self.head_dim
         out_dim = self.output_dim or hidden_dim
         qk = self.qk_dim or dim
-        self.query_dense = self._projection("query", "btd,dhk->bthk", (None, heads, qk), "hk")
-        self.key_dense = self._projection("key", "bsd,dhk->bshk", (None, kv_heads, qk), "hk")
-        self.value_dense = self._projection("value", "bsd,dhk->bshk", (None, kv_heads, dim), "hk")
-        self.output_dense = self._projection("attention_output", "bthk,hkd->btd", (None, out_dim), "d")
+        self.query_dense = self._projection("query", INTO_HEADS, (None, heads, qk), "hk")
+        self.key_dense = self._projection("key", INTO_HEADS, (None, kv_heads, qk), "hk")
+        self.value_dense = self._projection("value", INTO_HEADS, (None, kv_heads, dim), "hk")
+        self.output_dense = self._projection("attention_output", OUT_OF_HEADS, (None, out_dim), "d")
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
@@ -281,6 +270,10 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
                 f"query must have rank 3 [batch, length, dim]. Received: query.shape={tuple(query.shape)}"
             )
         self._check_width("query", query, self.query_dense.kernel.shape[0])
+        self._check_call_masks(
+            query, value, key, cache, cache_index, padding_mask, attention_mask,
+            attention_bias, attention_multiplier, attention_weights,
+        )
         causal = self.causal if use_causal_mask is None else use_causal_mask
         query_length = ops.shape(query)[1]
         offset = 0 if cache_index is None else ops.cast(cache_index, "int32")

@@ -1,7 +1,5 @@
 """Perceiver resampler: learned latent queries cross-attend to a variable-length input (survey §5.7)."""
 
-import numbers
-
 import keras
 from keras import ops
 
@@ -10,12 +8,11 @@ from keras_xf.layers.feedforward.feed_forward import ACTIVATIONS
 from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.layers.residual.residual import NORMALIZATIONS
 from keras_xf.layers.residual.residual import make_normalization
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
-    return int(value)
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import get_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -83,11 +80,11 @@ class PerceiverResampler(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_latents = _positive_int("num_latents", num_latents)
-        self.num_heads = _positive_int("num_heads", num_heads)
-        self.intermediate_dim = _positive_int("intermediate_dim", intermediate_dim)
-        self.num_layers = _positive_int("num_layers", num_layers)
-        self.head_dim = None if head_dim is None else _positive_int("head_dim", head_dim)
+        self.num_latents = check_positive_int("num_latents", num_latents)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
+        self.num_layers = check_positive_int("num_layers", num_layers)
+        self.head_dim = None if head_dim is None else check_positive_int("head_dim", head_dim)
         if not isinstance(attend_to_latents, bool):
             raise ValueError(
                 f"attend_to_latents must be a bool. Received: attend_to_latents={attend_to_latents!r}"
@@ -101,14 +98,14 @@ class PerceiverResampler(keras.layers.Layer):
                 f"normalization must be one of {NORMALIZATIONS}. Received: "
                 f"normalization={normalization!r}"
             )
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+        check_rate("dropout", dropout)
+        check_positive_number("epsilon", epsilon)
         self.attend_to_latents = attend_to_latents
         self.activation = activation
         self.normalization = normalization
         self.dropout = dropout
         self.epsilon = epsilon
-        self.latent_initializer = keras.initializers.get(latent_initializer)
+        self.latent_initializer = get_initializer("latent_initializer", latent_initializer)
 
         def norm(name):
             return make_normalization(normalization, epsilon, self.dtype_policy, name)
@@ -174,6 +171,7 @@ class PerceiverResampler(keras.layers.Layer):
                 f"PerceiverResampler was built for inputs [batch, length, {width}]. "
                 f"Received: inputs.shape={tuple(inputs.shape)}"
             )
+        check_padding_mask(padding_mask, inputs)
         batch = ops.shape(inputs)[0]
         latents = ops.cast(self.latents, self.compute_dtype)
         latents = ops.broadcast_to(latents[None], (batch, self.num_latents, width))

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.positions import check_bucket_config
 from keras_xf.ops.positions import relative_distance
 from keras_xf.ops.positions import relative_position_buckets
@@ -64,7 +65,9 @@ class RelativePositionBias(keras.layers.Layer):
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.bidirectional = bidirectional
-        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.embeddings_initializer = get_initializer(
+            "embeddings_initializer", embeddings_initializer
+        )
 
     def build(self, query_shape):
         if query_shape is None or len(query_shape) != 4 or query_shape[2] is None:

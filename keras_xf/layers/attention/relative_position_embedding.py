@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.ops.attention import repeat_kv_heads
+from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.positions import clip_relative_distance
 from keras_xf.ops.positions import relative_distance
 
@@ -66,6 +67,7 @@ class RelativePositionEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        embeddings_initializer = get_initializer("embeddings_initializer", embeddings_initializer)
         if not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance < 0:
             raise ValueError(
                 "max_distance (k_rpr) must be an int >= 0. "
@@ -109,15 +111,16 @@ class RelativePositionEmbedding(keras.layers.Layer):
         batch, heads = ops.shape(query)[0], query.shape[2]
         gather_shape = (batch, heads, ops.shape(indices)[0], ops.shape(indices)[1])
         gather = ops.broadcast_to(indices[None, None], gather_shape)
-        key_table = ops.cast(self.key_embeddings, query.dtype)
+        # Score terms in float32: in float16 the products overflow on large inputs.
+        key_table = ops.cast(self.key_embeddings, "float32")
         # h_iᵠ·u_r for every row r, then the row of each (i, j): [B, H, T, S].
-        query_rows = ops.cast(ops.einsum("bthd,rd->bhtr", query, key_table), "float32")
+        query_rows = ops.einsum("bthd,rd->bhtr", ops.cast(query, "float32"), key_table)
         bias = ops.take_along_axis(query_rows, gather, axis=-1)
         if self.use_queries:
-            query_table = ops.cast(self.query_embeddings, key.dtype)
-            key = repeat_kv_heads(key, heads)
+            query_table = ops.cast(self.query_embeddings, "float32")
+            key = ops.cast(repeat_kv_heads(key, heads), "float32")
             # u_rᵠ·h_jᵏ for every row r: [B, H, R, S], then the row of each (i, j).
-            key_rows = ops.cast(ops.einsum("rd,bshd->bhrs", query_table, key), "float32")
+            key_rows = ops.einsum("rd,bshd->bhrs", query_table, key)
             bias = bias + ops.take_along_axis(key_rows, gather, axis=-2)
             # PEᵠ(i,j)·PEᵏ(i,j) = u_rᵠ·u_rᵏ with the same row r = clip(j − i) + k_rpr.
             diagonal = ops.sum(

@@ -11,14 +11,14 @@ import numpy as np
 from keras import ops
 
 from keras_xf.ops.attention import attend
+from keras_xf.ops.checks import check_attention_mask
+from keras_xf.ops.checks import check_attention_matrix
+from keras_xf.ops.checks import check_key_padding_mask
+from keras_xf.ops.checks import static_dim
 
 # Additive syntax matrices may hold −inf ("never attend"); they are clipped to this value so
 # that a row of −inf entries cannot turn the softmax into NaN.
 _BIAS_FLOOR = -1e9
-
-
-def _static(dim):
-    return dim if isinstance(dim, int) else None
 
 
 class ScoreExtensionsMixin:
@@ -91,27 +91,55 @@ class ScoreExtensionsMixin:
 
     # Syntax matrices M (§3.2, §3.3) -------------------------------------------------------
 
-    def _check_syntax_matrix(self, name, matrix, query_length, key_length):
-        shape = tuple(matrix.shape)
-        expected = {2: query_length, 3: key_length}
-        problem = len(shape) not in (3, 4)
-        if not problem:
-            offset = 1 if len(shape) == 4 else 0
-            dims = {2: shape[1 + offset], 3: shape[2 + offset]}
-            for axis, want in expected.items():
-                have = _static(dims[axis])
-                if want is not None and have is not None and have != want:
-                    problem = True
-            if len(shape) == 4 and _static(shape[1]) not in (None, self.num_heads):
-                problem = True
-        if problem:
-            raise ValueError(
-                f"{name} must have shape [batch, query_length, key_length] or [batch, "
-                f"num_heads={self.num_heads}, query_length, key_length] with query_length="
-                f"{query_length} and key_length={key_length}. Received: {name}.shape={shape}"
+    def _compressed_length_of(self, length):
+        """The number of keys made from `length` key/value inputs: `length` itself here;
+        `CompressedAttention` reduces it."""
+        return length
+
+    def _check_call_masks(self, query, value, key, cache, cache_index, padding_mask,
+                          attention_mask, attention_bias, attention_multiplier,
+                          attention_weights):
+        """Checks the masks and matrices of a call against the queries and the keys they
+        attend to, before any of them is used: a wrong length or rank raises the same
+        `ValueError`, naming the argument, on every backend.
+
+        The keys are the cache's positions when a cache is read (with `cache_index`, or
+        without `value`), else those of `key`, `value` or `query`."""
+        batch, query_length = static_dim(query.shape[0]), static_dim(query.shape[1])
+        rolling = self._is_rolling(cache, cache_index, value)
+        if rolling:
+            # One new token attends to the slots; a prompt to the slots and its own keys.
+            slots = cache.shape[2]
+            key_length = slots if query_length == 1 else (
+                None if query_length is None else slots + query_length)
+            keys = f"the rolling cache of {slots} slots"
+        elif cache is not None and (cache_index is not None or value is None):
+            key_length = static_dim(cache.shape[2])
+            keys = f"cache.shape={tuple(cache.shape)} (key_length = cache.shape[2])"
+        else:
+            name, source = next(
+                (n, t) for n, t in (("key", key), ("value", value), ("query", query))
+                if t is not None
             )
+            key_length = self._compressed_length_of(static_dim(source.shape[1]))
+            keys = f"{name}.shape={tuple(source.shape)}"
+            if key_length != static_dim(source.shape[1]):
+                keys += f" compressed to {key_length} keys"
+        if not rolling:  # a rolling cache refuses both masks (`_rolling_cache_update`)
+            check_key_padding_mask(padding_mask, batch, key_length, keys)
+            check_attention_mask(attention_mask, batch, query_length, key_length, self.num_heads)
+        for name, matrix in (
+            ("attention_bias", attention_bias),
+            ("attention_multiplier", attention_multiplier),
+            ("attention_weights", attention_weights),
+        ):
+            check_attention_matrix(matrix, name, batch, query_length, key_length, self.num_heads)
+
+    def _as_heads(self, matrix):
+        """A float32 `[B, T, S]` or `[B, H|1, T, S]` matrix (checked by `_check_call_masks`)
+        as `[B, H|1, T, S]`."""
         matrix = ops.cast(matrix, "float32")
-        return matrix[:, None] if len(shape) == 3 else matrix
+        return matrix[:, None] if len(matrix.shape) == 3 else matrix
 
     def _guided(self, matrix, neutral):
         """`M` on the guided heads, `neutral` (0 or 1) on the others."""
@@ -124,19 +152,21 @@ class ScoreExtensionsMixin:
     def _syntax_terms(self, bias, attention_bias, attention_multiplier, query, key):
         """The running additive bias plus the additive `M`, and the multiplicative `M`
         (float32 `[B, H|1, T, S]`, or `None`)."""
-        query_length, key_length = _static(query.shape[1]), _static(key.shape[1])
+        batch, query_length = static_dim(query.shape[0]), static_dim(query.shape[1])
+        key_length = static_dim(key.shape[1])
         if attention_bias is not None:
-            matrix = self._check_syntax_matrix(
-                "attention_bias", attention_bias, query_length, key_length
+            check_attention_matrix(
+                attention_bias, "attention_bias", batch, query_length, key_length, self.num_heads
             )
-            matrix = self._guided(ops.maximum(matrix, _BIAS_FLOOR), 0.0)
+            matrix = self._guided(ops.maximum(self._as_heads(attention_bias), _BIAS_FLOOR), 0.0)
             bias = matrix if bias is None else ops.cast(bias, "float32") + matrix
         multiplier = None
         if attention_multiplier is not None:
-            matrix = self._check_syntax_matrix(
-                "attention_multiplier", attention_multiplier, query_length, key_length
+            check_attention_matrix(
+                attention_multiplier, "attention_multiplier", batch, query_length, key_length,
+                self.num_heads,
             )
-            multiplier = self._guided(matrix, 1.0)
+            multiplier = self._guided(self._as_heads(attention_multiplier), 1.0)
         return bias, multiplier
 
     # Given attention weights (§5.4) -------------------------------------------------------
@@ -145,19 +175,16 @@ class ScoreExtensionsMixin:
         self, weights, value, mask, use_dropout, query_positions, key_positions
     ):
         """`α·v` (plus value terms) with weights `[B, H, T, S]` computed elsewhere; entries
-        this call masks are zeroed. Returns `(outputs [B, T, H, Dh], weights)`."""
-        shape = tuple(weights.shape)
-        key_length = _static(value.shape[1])
-        if (
-            len(shape) != 4
-            or _static(shape[1]) not in (None, self.num_heads)
-            or (key_length is not None and _static(shape[3]) not in (None, key_length))
-        ):
-            raise ValueError(
-                f"attention_weights must have shape [batch, num_heads={self.num_heads}, "
-                f"query_length, key_length={key_length}]. Received: attention_weights.shape={shape}"
-            )
-        weights = ops.cast(weights, "float32")
+        this call masks are zeroed. Weights `[B, T, S]` or `[B, 1, T, S]` are shared by the
+        heads. Returns `(outputs [B, T, H, Dh], weights [B, H, T, S])`."""
+        key_length = static_dim(value.shape[1])
+        check_attention_matrix(
+            weights, "attention_weights", static_dim(weights.shape[0]), None, key_length,
+            self.num_heads,
+        )
+        weights = self._as_heads(weights)
+        if weights.shape[1] == 1 and self.num_heads > 1:
+            weights = ops.repeat(weights, self.num_heads, axis=1)
         if mask is not None:
             weights = ops.where(mask, weights, ops.zeros_like(weights))
         attended = weights

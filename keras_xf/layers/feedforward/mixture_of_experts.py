@@ -11,12 +11,16 @@ from keras_xf.layers.feedforward.moe_statistics import RouterStatistics
 from keras_xf.layers.feedforward.router import Router
 from keras_xf.layers.feedforward.router import validate_routing
 from keras_xf.ops import moe as dispatch
+<<<<<<< HEAD
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_token_mask
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
+=======
+from keras_xf.ops.backend_specific import grouped_matmul
+>>>>>>> checks-attention
 
 _GATED = {"swiglu": "silu", "geglu": "gelu"}
 
@@ -46,17 +50,6 @@ def _stacked_initializer(initializer, num_experts, slices):
         return ops.stack([fresh()((rows, cols), dtype=dtype) for _ in range(experts)])
 
     return initialize
-
-
-def _grouped_matmul(x, w):
-    """`x[g] @ w[g]` for `x [G, R, a]`, `w [G, a, b]`. On TensorFlow, one `MatMul` per group:
-    its CPU `BatchMatMulV2` kernel took about 1.5x the time per FLOP of `MatMul` in
-    `benchmarks/moe.py`. Elsewhere one batched matmul."""
-    groups = x.shape[0]
-    if keras.config.backend() == "tensorflow" and isinstance(groups, int) and groups <= 64:
-        return ops.stack([ops.matmul(a, b) for a, b in zip(ops.unstack(x, groups, axis=0),
-                                                            ops.unstack(w, groups, axis=0))])
-    return ops.matmul(x, w)
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -251,18 +244,18 @@ class MixtureOfExperts(keras.layers.Layer):
                 return None
             return variable if block_expert is None else ops.take(variable, block_expert, 0)
 
-        hidden = _grouped_matmul(rows, weight(self.expert_kernel_in))  # [G, R, d] @ [G, d, f]
+        hidden = grouped_matmul(rows, weight(self.expert_kernel_in))  # [G, R, d] @ [G, d, f]
         if self.expert_bias_in is not None:
             hidden = hidden + weight(self.expert_bias_in)[:, None, :]
         if self.expert_kernel_gate is not None:
-            gate = _grouped_matmul(rows, weight(self.expert_kernel_gate))
+            gate = grouped_matmul(rows, weight(self.expert_kernel_gate))
             if self.expert_bias_gate is not None:
                 gate = gate + weight(self.expert_bias_gate)[:, None, :]
             hidden = _activation(self.activation, gate) * hidden
         else:
             hidden = _activation(self.activation, hidden)
         hidden = self.dropout_layer(hidden, training=training)
-        outputs = _grouped_matmul(hidden, weight(self.expert_kernel_out))
+        outputs = grouped_matmul(hidden, weight(self.expert_kernel_out))
         if self.expert_bias_out is not None:
             outputs = outputs + weight(self.expert_bias_out)[:, None, :]
         return outputs

@@ -13,6 +13,10 @@ from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_sequence_width
 from keras_xf.ops.checks import check_states
 from keras_xf.ops.checks import get_initializer
+from keras_xf.layers.head_projections import INTO_HEADS
+from keras_xf.layers.head_projections import OUT_OF_HEADS
+from keras_xf.layers.head_projections import head_projection
+from keras_xf.layers.head_projections import project
 from keras_xf.ops.convolution import pad_sequence
 from keras_xf.ops.convolution import rolling_cache
 from keras_xf.ops.linear_attention import causal_linear_attention
@@ -223,14 +227,10 @@ class LinearAttention(keras.layers.Layer):
 
     # Weights -----------------------------------------------------------------------------
     def _projection(self, name, equation, output_shape, bias_axes):
-        return keras.layers.EinsumDense(
-            equation,
-            output_shape=output_shape,
-            bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
+        return head_projection(
+            name, equation, output_shape, bias_axes, use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer, bias_initializer=self.bias_initializer,
             dtype=self.dtype_policy,
-            name=name,
         )
 
     @property
@@ -259,10 +259,10 @@ class LinearAttention(keras.layers.Layer):
             self.head_dim = hidden_dim // self.num_heads
         heads, dim = self.num_heads, self.head_dim
         out_dim = self.output_dim or hidden_dim
-        self.query_dense = self._projection("query", "btd,dhk->bthk", (None, heads, dim), "hk")
-        self.key_dense = self._projection("key", "btd,dhk->bthk", (None, heads, dim), "hk")
-        self.value_dense = self._projection("value", "btd,dhk->bthk", (None, heads, dim), "hk")
-        self.output_dense = self._projection("attention_output", "bthk,hkd->btd", (None, out_dim), "d")
+        self.query_dense = self._projection("query", INTO_HEADS, (None, heads, dim), "hk")
+        self.key_dense = self._projection("key", INTO_HEADS, (None, heads, dim), "hk")
+        self.value_dense = self._projection("value", INTO_HEADS, (None, heads, dim), "hk")
+        self.output_dense = self._projection("attention_output", OUT_OF_HEADS, (None, out_dim), "d")
         for dense in (self.query_dense, self.key_dense, self.value_dense):
             dense.build(inputs_shape)
         self.output_dense.build((inputs_shape[0], inputs_shape[1], heads, dim))
@@ -423,9 +423,9 @@ class LinearAttention(keras.layers.Layer):
                 tuple(self.projection.shape), seed=self.seed_generator, dtype="float32"
             )
             self.projection.assign(projection)
-        q = self.query_dense(inputs)
-        k = self.key_dense(inputs)
-        v = self.value_dense(inputs)
+        q = project(self.query_dense, inputs)
+        k = project(self.key_dense, inputs)
+        v = project(self.value_dense, inputs)
         key_window = None
         if self.key_convolution is not None:
             if padding_mask is not None:  # a padded position passes no key to the next ones
@@ -472,7 +472,7 @@ class LinearAttention(keras.layers.Layer):
             outputs = numerator / ops.maximum(denominator, self.epsilon)
         else:
             outputs = numerator
-        outputs = self.output_dense(ops.cast(outputs, self.compute_dtype))
+        outputs = project(self.output_dense, ops.cast(outputs, self.compute_dtype))
         if cache is None:
             return outputs
         return outputs, new_cache

@@ -2,15 +2,10 @@
 
 import keras
 import numpy as np
-from keras import ops
 
+from keras_xf.ops.attention import repeat_kv_heads
+from keras_xf.ops.checks import check_positive_int  # noqa: F401 (used by the patterns)
 from keras_xf.ops.masks import expand_attention_mask
-
-
-def check_positive_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {kind}. Received: {name}={value}")
 
 
 def check_seed(seed):
@@ -55,7 +50,4 @@ def call_pattern(pattern, query_positions, key_positions, query, key):
 
 def key_heads_like_query(query, key):
     """Repeats the `Hkv` key heads of grouped-query attention to the `H` query heads."""
-    heads, kv_heads = query.shape[2], key.shape[2]
-    if heads == kv_heads:
-        return key
-    return ops.repeat(key, heads // kv_heads, axis=2)
+    return repeat_kv_heads(key, query.shape[2])

@@ -1,0 +1,395 @@
+"""The code of keras_xf that `keras.ops` cannot express: every branch on the backend and every
+direct use of TensorFlow, JAX or PyTorch lives here (`keras_xf/export.py` aside), so that the
+rest of the library is written once against `keras.ops`.
+
+Each function says why `keras.ops` is not enough for it. Backends other than the three that
+keras_xf tests take the `keras.ops` form wherever one exists.
+"""
+
+import contextlib
+import copy
+import threading
+import warnings
+
+import keras
+from keras import ops
+
+
+def _backend():
+    """The name of the Keras backend: the one place the library reads it."""
+    return keras.config.backend()
+
+
+# Attention ------------------------------------------------------------------------------
+
+
+def dot_product_attention(query, key, value, mask, bias, scale):
+    """The fused attention kernel on `[B, T, H, Dh]` queries and `[B, S, Hkv, Dh]` keys/values.
+
+    Why not `keras.ops.dot_product_attention` alone: on PyTorch it makes contiguous copies of
+    the transposed keys and values first; reading a cache `[B, 2, L, Hkv, Dh]` that costs two
+    copies of the whole cache per layer and step. PyTorch's `scaled_dot_product_attention`
+    takes the strided views as they are. Elsewhere it is `keras.ops.dot_product_attention`.
+    `mask` and `bias` are not both given (PyTorch's kernel takes one of them).
+    """
+    if _backend() == "torch":
+        return _torch_attention(query, key, value, mask, bias, scale)
+    return ops.dot_product_attention(
+        query, key, value, bias=bias, mask=mask, scale=scale, flash_attention=False
+    )
+
+
+def _torch_attention(query, key, value, mask, bias, scale):
+    import torch.nn.functional as F
+
+    # Imported here: keras_xf.ops.attention imports this module.
+    from keras_xf.ops.attention import repeat_kv_heads
+
+    key = repeat_kv_heads(key, query.shape[2])
+    value = repeat_kv_heads(value, query.shape[2])
+    query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))
+    outputs = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask if bias is None else bias, scale=scale
+    )
+    return ops.transpose(outputs, (0, 2, 1, 3))
+
+
+# Attention caches -----------------------------------------------------------------------
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def cache_updates_in_place():
+    """Within this context, on PyTorch, `keras_xf.ops.cache.update_cache` writes into the
+    cache it is given instead of returning an updated copy.
+
+    Why not `keras.ops.slice_update`: it is functional (a new tensor), and PyTorch has no
+    compiler that turns it into an in-place write. The decoding loop of `generate` uses this
+    context while it records its TorchScript step: the loop owns its cache and never reads an
+    old one again, and a copy of every layer's cache at every step costs more memory traffic
+    than the step's arithmetic at small batch sizes. On TensorFlow and JAX, XLA updates loop
+    buffers in place itself, and the functional write is kept.
+    """
+    previous = getattr(_state, "in_place", False)
+    _state.in_place = True
+    try:
+        yield
+    finally:
+        _state.in_place = previous
+
+
+def writes_cache_in_place():
+    """Whether `update_cache` is inside `cache_updates_in_place` on PyTorch."""
+    return getattr(_state, "in_place", False) and _backend() == "torch"
+
+
+def write_cache_in_place(cache, update, index):
+    """`cache[:, :, index : index + t] = update` in place (PyTorch's `index_copy_`), returning
+    `cache`: `keras.ops` has no in-place write (see `cache_updates_in_place`)."""
+    import torch
+
+    positions = torch.arange(update.shape[2], device=cache.device) + torch.as_tensor(
+        index, device=cache.device
+    ).to(torch.int64)
+    return cache.index_copy_(2, positions, update)
+
+
+# Time loops (keras_xf.ops.scan) ---------------------------------------------------------
+
+
+def time_loop(step, init, xs, output_index=1):
+    """`keras.ops.scan` over the leading (time) axis of `xs`, returning `(carry, ys)` with `ys`
+    shaped like `xs[output_index]`.
+
+    Why not `keras.ops.scan` alone: its TensorFlow and PyTorch forms have the costs below.
+    On TensorFlow the loop is a `while_loop` with `maximum_iterations` (Keras's TensorFlow
+    `scan` has no iteration bound, and XLA cannot differentiate an unbounded loop): under XLA
+    it writes into a buffer (`_write_step`), elsewhere it reads and writes `TensorArray`s
+    (`_tensor_array_loop`). On PyTorch it is a Python loop over `ops.unstack`
+    slices: the slices `x[i]` of Keras's PyTorch `scan` each send back a gradient the size of
+    the whole `x`, so its backward pass was quadratic in the number of steps. JAX uses
+    `keras.ops.scan` (`lax.scan`).
+    """
+    name = _backend()
+    if name == "torch":
+        carry, ys = init, []
+        for inputs in zip(*(ops.unstack(x, axis=0) for x in xs)):
+            carry, y = step(carry, tuple(inputs))
+            ys.append(y)
+        return carry, ops.stack(ys, axis=0)
+    if name != "tensorflow":
+        return ops.scan(step, init, xs)
+    length = xs[0].shape[0]
+    if not _in_xla_context():
+        return _tensor_array_loop(step, init, xs, output_index)
+
+    def body(index, carry, buffer):
+        carry, y = step(carry, tuple(ops.take(x, index, axis=0) for x in xs))
+        return index + 1, carry, _write_step(buffer, index, y)
+
+    _, carry, ys = ops.while_loop(
+        lambda index, carry, buffer: index < length,
+        body,
+        (ops.convert_to_tensor(0, "int32"), init, ops.zeros_like(xs[output_index])),
+        maximum_iterations=length,
+    )
+    return carry, ys
+
+
+def _in_xla_context():
+    """Whether TensorFlow is tracing for XLA (`tf.function(jit_compile=True)`, which is what
+    Keras's `jit_compile=True` uses): the graph or one of its outer graphs is in an XLA
+    control-flow context. Where TensorFlow's module has moved, the loop takes the form that
+    serves both (the scatter of `_write_step`)."""
+    import tensorflow as tf
+
+    try:
+        from tensorflow.python.ops import control_flow_util
+
+        return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    except (ImportError, AttributeError):
+        return True
+
+
+def _tensor_array_loop(step, init, xs, output_index):
+    """The time loop of TensorFlow's graphs without XLA (Keras's `fit` on a CPU-only
+    TensorFlow, eager calls): the inputs are read from `TensorArray`s and the outputs written
+    into one. There a step's slice `x[i]` of a captured tensor sends back a gradient the size
+    of the whole `x` (a dense sum at every backward step), and the scatter of `_write_step`
+    copies the whole buffer at every forward step, so both grew with the square of the number
+    of steps; a `TensorArray` reads, writes and sends back one step at a time."""
+    import tensorflow as tf
+
+    length = xs[0].shape[0]
+    inputs = [
+        tf.TensorArray(x.dtype, size=length, element_shape=x.shape[1:]).unstack(x) for x in xs
+    ]
+    target = xs[output_index]
+    outputs = tf.TensorArray(target.dtype, size=length, element_shape=target.shape[1:])
+
+    def body(index, carry, outputs):
+        carry, y = step(carry, tuple(x.read(index) for x in inputs))
+        return index + 1, carry, outputs.write(index, y)
+
+    _, carry, outputs = tf.while_loop(
+        lambda index, carry, outputs: index < length,
+        body,
+        (tf.constant(0, "int32"), init, outputs),
+        maximum_iterations=length,
+    )
+    return carry, outputs.stack()
+
+
+_WRITE_GRADIENT = "KerasXfTimeLoopWrite"
+_write_gradient_registered = []
+
+
+def _write_step(buffer, index, value):
+    """`buffer[index] = value` in TensorFlow's time loop: a scatter (differentiable in
+    TensorFlow, unlike its dynamic update slice) whose gradient passes the buffer's gradient
+    on unchanged. The exact gradient zeroes slot `index` first, but the loop writes each slot
+    once into a buffer of zeros, so that slot's gradient reaches only the constant initial
+    buffer. Zeroing it made XLA copy the whole gradient buffer at every backward step (a read
+    and an in-place write of the same loop-carried buffer), so the compiled backward pass grew
+    with the square of the number of steps. The gradient is overridden by the op's name for
+    this scatter only."""
+    import tensorflow as tf
+
+    if not _write_gradient_registered:
+        try:
+
+            @tf.RegisterGradient(_WRITE_GRADIENT)
+            def _gradient(op, upstream):
+                return upstream, None, tf.gather_nd(upstream, op.inputs[1])
+
+        except KeyError:  # registered already (this module imported twice)
+            pass
+        _write_gradient_registered.append(True)
+    indices = tf.reshape(index, (1, 1))
+    graph = tf.compat.v1.get_default_graph()
+    with graph.gradient_override_map({"TensorScatterUpdate": _WRITE_GRADIENT}):
+        return tf.tensor_scatter_nd_update(buffer, indices, value[None])
+
+
+# Mixture of experts ---------------------------------------------------------------------
+
+
+def grouped_matmul(x, w):
+    """`x[g] @ w[g]` for `x [G, R, a]`, `w [G, a, b]`.
+
+    Why not `keras.ops.matmul` alone: TensorFlow's CPU `BatchMatMulV2` kernel takes more time
+    per FLOP than its `MatMul`, so on TensorFlow a few groups run as one `MatMul` each (a
+    batched matmul elsewhere)."""
+    groups = x.shape[0]
+    if _backend() == "tensorflow" and isinstance(groups, int) and groups <= 64:
+        return ops.stack([ops.matmul(a, b) for a, b in zip(ops.unstack(x, groups, axis=0),
+                                                            ops.unstack(w, groups, axis=0))])
+    return ops.matmul(x, w)
+
+
+# Functional models (keras_xf.models.backbone) ---------------------------------------------
+
+
+def sets_attributes_before_module_init(model):
+    """Whether `model` must take attributes with `object.__setattr__`: a PyTorch module cannot
+    hold attributes before `torch.nn.Module.__init__` has run, and a functional model assigns
+    its layers before calling the functional `__init__` (the graph tracks them then). Keras
+    has no backend-neutral hook for this; other backends track attributes as usual."""
+    return _backend() == "torch" and not hasattr(model, "_initialized")
+
+
+def register_module_parameters(model):
+    """Registers `model`'s variables as PyTorch parameters again after the functional
+    `__init__`: `_torch_params` was set past torch's `__setattr__` (see
+    `sets_attributes_before_module_init`), and `parameters()` (torch.onnx, torch.export)
+    would miss the weights. Nothing to do on other backends."""
+    if _backend() == "torch":
+        model._track_variables()
+
+
+# Generation (keras_xf.generation.compile) -----------------------------------------------
+
+
+def compile_function(model, function, sampler):
+    """Returns `f(*tensors)` running `function(*tensors)` compiled for the backend.
+
+    Why not `keras.ops`: it has no portable "compile this function" call (keras-hub's
+    generation talks to the backends here too). TensorFlow: `tf.function(jit_compile=True)`;
+    JAX: `jax.jit` over the model and sampler state (a stateless call, so the variables are
+    inputs rather than constants); PyTorch: the eager function under `torch.no_grad()`.
+    Shapes that were seen before reuse the compiled program.
+    """
+    name = _backend()
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(function, jit_compile=True, reduce_retracing=True)
+    if name == "jax":
+        import jax
+
+        sampler_variables = list(sampler.variables)
+        model_variables = list(model.variables)
+
+        @jax.jit
+        def stateless(sampler_state, model_state, *args):
+            mapping = list(zip(sampler_variables, sampler_state)) + list(
+                zip(model_variables, model_state)
+            )
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                outputs = function(*args)
+            new_sampler_state = [scope.get_current_value(v) for v in sampler_variables]
+            return outputs, new_sampler_state
+
+        def run(*args):
+            outputs, new_state = stateless(
+                [v.value for v in sampler_variables], [v.value for v in model_variables], *args
+            )
+            for variable, value in zip(sampler_variables, new_state):
+                if value is not None:
+                    variable.assign(value)
+            return outputs
+
+        return run
+    if name == "torch":
+        import torch
+
+        def run(*args):
+            with torch.no_grad():
+                return function(*args)
+
+        return run
+    return function
+
+
+def _shape_key(tensors):
+    return tuple((tuple(t.shape), str(t.dtype)) for t in keras.tree.flatten(tensors))
+
+
+def _current_values(variables):
+    # The variables' own tensors (a Keras torch variable assigns in place, so these stay the
+    # live weights); `.value` would add a Python call per variable per step.
+    return [variable._value for variable in variables]
+
+
+def _trace(function, example_inputs):
+    """A TorchScript trace of `function`, recorded with in-place cache writes (the loop owns
+    its cache: `cache_updates_in_place`)."""
+    import torch
+
+    with warnings.catch_warnings(), cache_updates_in_place():
+        warnings.simplefilter("ignore")  # TracerWarning: shapes are fixed per trace
+        return torch.jit.trace(function, example_inputs, check_trace=False, strict=False)
+
+
+def trace_step(model, function):
+    """Returns `function(*tensors)` for the decoding loop's step: on PyTorch a TorchScript
+    trace per input shapes, elsewhere `function` itself (the whole loop is compiled by XLA).
+
+    Why not `keras.ops`: PyTorch runs the loop eagerly, one Python iteration per token, so
+    every Keras layer call of every step costs Python time that dwarfs the arithmetic of a
+    small model, and only `torch.jit.trace` records the step's tensor operations once and
+    replays them without the Python. The model's variables are inputs of the trace (a
+    stateless call), so the trace always reads the current weights. `function` must not
+    branch in Python on tensor values, which holds for keras_xf layers.
+    """
+    if _backend() != "torch":
+        return function
+    variables = list(model.variables)
+    traces = {}
+
+    def stateless(values, *args):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return function(*args)
+
+    def run(*args):
+        key = _shape_key(args)
+        values = _current_values(variables)
+        if key not in traces:
+            traces[key] = _trace(stateless, (values, *args))
+        return traces[key](values, *args)
+
+    return run
+
+
+def traces_whole_loop_body(sampler):
+    """Whether `traced_sampler` traces the sampler's loop body: on PyTorch only, and only for
+    greedy search, whose body is deterministic tensor arithmetic (random samplers draw seeds
+    in Python, which a trace would freeze)."""
+    import keras_hub
+
+    return _backend() == "torch" and type(sampler) is keras_hub.samplers.GreedySampler
+
+
+def traced_sampler(model, sampler):
+    """A copy of a keras-hub `sampler` whose loop body (the model's cached step, the choice
+    of the next token and the update of the prompt) is one TorchScript trace per input
+    shapes, replayed by a plain Python loop; `sampler` itself where `traces_whole_loop_body`
+    says no. Why not `keras.ops`: see `trace_step`.
+    """
+    if not traces_whole_loop_body(sampler):
+        return sampler
+    variables = list(model.variables)
+    traces = {}
+
+    def run_loop(cond, body, model=None, loop_vars=None, maximum_iterations=None):
+        def stateless(values, *loop_vars):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return tuple(body(*loop_vars))
+
+        loop_vars = tuple(loop_vars)
+        steps = int(keras.ops.convert_to_numpy(maximum_iterations))
+        for _ in range(steps):
+            if not bool(cond(*loop_vars)):
+                break
+            key = _shape_key(loop_vars)
+            values = _current_values(variables)
+            if key not in traces:
+                traces[key] = _trace(stateless, (values, *loop_vars))
+            loop_vars = traces[key](values, *loop_vars)
+        return loop_vars
+
+    traced = copy.copy(sampler)
+    traced.run_loop = run_loop
+    traced.traces_loop_body = True  # the model step inside needs no trace of its own
+    return traced
