@@ -11,16 +11,13 @@ from keras_xf.layers.feedforward.moe_statistics import RouterStatistics
 from keras_xf.layers.feedforward.router import Router
 from keras_xf.layers.feedforward.router import validate_routing
 from keras_xf.ops import moe as dispatch
-<<<<<<< HEAD
+from keras_xf.ops.backend_specific import grouped_matmul
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_token_mask
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
-=======
-from keras_xf.ops.backend_specific import grouped_matmul
->>>>>>> checks-attention
 
 _GATED = {"swiglu": "silu", "geglu": "gelu"}
 
