@@ -5,6 +5,9 @@ from keras_xf.layers.attention.attention_pattern import AttentionPattern
 from keras_xf.layers.attention.compressed_attention import CompressedAttention
 from keras_xf.layers.attention.locality_prior import LocalityPrior
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
+from keras_xf.layers.attention.position_hook import PositionHook
+from keras_xf.layers.attention.score_bias import ScoreBias
+from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
 from keras_xf.layers.attention.patterns.chunked_pattern import ChunkedPattern
 from keras_xf.layers.attention.patterns.clustering_pattern import ClusteringPattern
 from keras_xf.layers.attention.patterns.dilated_pattern import DilatedPattern
@@ -28,6 +31,7 @@ from keras_xf.layers.embeddings.sinusoidal_position_encoding import SinusoidalPo
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
 from keras_xf.layers.feedforward.feed_forward import FeedForward
+from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.feedforward.product_key_memory import ProductKeyMemory
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
@@ -38,6 +42,7 @@ from keras_xf.layers.mixers.dynamic_convolution import DynamicConvolution
 from keras_xf.layers.mixers.lightweight_convolution import LightweightConvolution
 from keras_xf.layers.mixers.linear_attention import LinearAttention
 from keras_xf.layers.mixers.recurrent_mixer import RecurrentMixer
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.attention.branch_mix import BranchMix

@@ -3,11 +3,12 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.attention.position_hook import PositionHook
 from keras_xf.ops.positions import apply_rotary
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class RotaryEmbedding(keras.layers.Layer):
+class RotaryEmbedding(PositionHook):
     """Rotates each pair of head features by the angle `θ_{j,k} = j · base^{-2k/d_h}`.
 
     Used as the `position=` plug point of `MultiHeadAttention`: `rotate(q, k, …)` rotates the
@@ -31,6 +32,8 @@ class RotaryEmbedding(keras.layers.Layer):
     >>> rope = RotaryEmbedding()
     >>> q = rope(keras.random.normal((2, 8, 4, 16)))
     """
+
+    rotates_pairs = True
 
     def __init__(self, max_wavelength=10000.0, scaling_factor=1.0, **kwargs):
         super().__init__(**kwargs)

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 _GATED = {"swiglu": "silu", "geglu": "gelu"}
 
@@ -12,7 +14,7 @@ def _clone_initializer(initializer):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class FeedForward(keras.layers.Layer):
+class FeedForward(FeedForwardLayer):
     """`FFN(H) = σ(H W_h + b_h) W_f + b_f` (survey §2.5), or its gated form.
 
     With `activation="swiglu"` / `"geglu"` the hidden layer is the gated linear unit

@@ -5,6 +5,7 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 
 
 def _check_positive_int(name, value):
@@ -13,7 +14,7 @@ def _check_positive_int(name, value):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class ProductKeyMemory(keras.layers.Layer):
+class ProductKeyMemory(FeedForwardLayer):
     """Product-key memory `m(x) = Σ_{i ∈ I} Softmax(s_I)_i · v_i`, a position-wise layer.
 
     Survey §5.3.2 (sub-space models): the `d_k`-dimensional query `q(x) = x W_q + b_q` is cut

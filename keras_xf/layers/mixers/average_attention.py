@@ -4,10 +4,11 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class AverageAttention(keras.layers.Layer):
+class AverageAttention(SequenceMixer):
     """The average attention network (Zhang et al. 2018): every position reads the mean of
     the values before it, through a gate.
 

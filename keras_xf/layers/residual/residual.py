@@ -2,9 +2,22 @@
 
 import keras
 
-from keras_xf.layers.cloning import clone_layer
+from keras_xf.layers.cloning import as_layer
 
 NORM_PLACEMENTS = ("post", "pre")
+# Call arguments that the generic layers (`Residual`, `TransformerBlock`, `TransformerStack`)
+# handle themselves; every other keyword argument belongs to the mixer and is passed through.
+GENERIC_ARGUMENTS = (
+    "context",
+    "padding_mask",
+    "attention_mask",
+    "encoder_outputs",
+    "encoder_padding_mask",
+    "use_causal_mask",
+    "cache",
+    "cache_index",
+    "training",
+)
 NORMALIZATIONS = ("layer_norm", "rms_norm")
 
 
@@ -13,6 +26,42 @@ def make_normalization(normalization, epsilon, dtype, name):
     if normalization == "layer_norm":
         return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
     return keras.layers.RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
+
+
+def mixer_arguments(kwargs):
+    """The mixer-specific call arguments in `kwargs` (not generic, not `None`), which the
+    generic layers forward without naming them."""
+    return {k: v for k, v in kwargs.items() if k not in GENERIC_ARGUMENTS and v is not None}
+
+
+def new_specs(structure):
+    """Fresh `KerasTensor`s with the shapes and dtypes of a nested structure (a new cache)."""
+    if structure is None:
+        return None
+    return keras.tree.map_structure(lambda t: keras.KerasTensor(t.shape, dtype=t.dtype), structure)
+
+
+def split_results(results, has_cache):
+    """`(outputs, new_cache, extras)` from what a mixer or block returned under the block
+    contract: `outputs`, `(outputs, new_cache)`, or a dict with `outputs`, optionally `cache`,
+    and extras (e.g. `attention_scores`). `extras` is `None` when the result is not a dict."""
+    if isinstance(results, dict):
+        extras = dict(results)
+        return extras.pop("outputs"), extras.pop("cache", None), extras
+    if has_cache:
+        outputs, new_cache = results
+        return outputs, new_cache, None
+    return results, None, None
+
+
+def join_results(outputs, new_cache, extras, has_cache):
+    """The inverse of `split_results`: the block contract's return value."""
+    if extras is None:
+        return (outputs, new_cache) if has_cache else outputs
+    results = dict(extras, outputs=outputs)
+    if has_cache:
+        results["cache"] = new_cache
+    return results
 
 
 def validate_normalization(normalization, norm_placement, dropout):
@@ -35,12 +84,13 @@ class Residual(keras.layers.Layer):
     """Wraps a sub-layer `F` with a residual connection and a normalisation.
 
     Post-norm: `H_out = LNorm(F(H_in) + H_in)`; pre-norm: `H_out = F(LNorm(H_in)) + H_in`
-    (survey §2.4). Dropout is applied to `F`'s output before the addition. Extra call
-    arguments are passed to `F`; if `F` returns a tuple (outputs, cache, …) the residual
-    applies to the first element and the rest is passed through.
+    (survey §2.4). Dropout is applied to `F`'s output before the addition. The generic call
+    arguments below are passed to `F` when given; any other keyword argument (e.g.
+    `attention_bias`, `return_attention_scores`, or one a new mixer adds) is passed to `F`
+    unchanged, so a new sub-layer needs no change here.
 
     Args:
-        layer: the sub-layer `F` (width-preserving).
+        layer: the sub-layer `F` (width-preserving), or its serialised config.
         norm_placement: `"post"` (survey default) or `"pre"`.
         normalization: `"layer_norm"` or `"rms_norm"` (Keras core layers; computed in float32).
         dropout: float in [0, 1), residual dropout.
@@ -50,13 +100,14 @@ class Residual(keras.layers.Layer):
     Call arguments:
         inputs: `[B, T, d]`.
         context: optional second input of `F` (the encoder outputs of cross-attention).
-        padding_mask, attention_mask, use_causal_mask, cache, cache_index, attention_bias,
-            attention_multiplier, attention_weights, return_attention_scores: passed to `F`
-            when given.
+        padding_mask, attention_mask, use_causal_mask, cache, cache_index: passed to `F` when
+            not `None`.
         training: bool.
+        **kwargs: passed to `F` when not `None`.
 
     Returns:
-        `[B, T, d]`, or a tuple whose first element is that when `F` returns a tuple.
+        As `F` under the block contract, with its outputs `y` replaced by the residual
+        result: `[B, T, d]`, `(outputs, new_cache)`, or a dict whose `"outputs"` is replaced.
 
     Example:
     >>> block = Residual(FeedForward(64), norm_placement="pre")
@@ -74,9 +125,7 @@ class Residual(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         validate_normalization(normalization, norm_placement, dropout)
-        if not isinstance(layer, keras.layers.Layer):
-            layer = clone_layer(layer)
-        self.layer = layer
+        self.layer = as_layer(layer, "layer")
         self.norm_placement = norm_placement
         self.normalization = normalization
         self.dropout = dropout
@@ -102,48 +151,42 @@ class Residual(keras.layers.Layer):
         use_causal_mask=None,
         cache=None,
         cache_index=None,
-        attention_bias=None,
-        attention_multiplier=None,
-        attention_weights=None,
-        return_attention_scores=None,
         training=None,
+        **kwargs,
     ):
         hidden = self.norm(inputs) if self.norm_placement == "pre" else inputs
         args = () if context is None else (context,)
-        kwargs = {
+        named = {
             "padding_mask": padding_mask,
             "attention_mask": attention_mask,
             "use_causal_mask": use_causal_mask,
             "cache": cache,
             "cache_index": cache_index,
-            "attention_bias": attention_bias,
-            "attention_multiplier": attention_multiplier,
-            "attention_weights": attention_weights,
-            "return_attention_scores": return_attention_scores or None,
         }
-        kwargs = {key: value for key, value in kwargs.items() if value is not None}
-        outputs = self.layer(hidden, *args, training=training, **kwargs)
-        rest = ()
-        if isinstance(outputs, (tuple, list)):
-            outputs, rest = outputs[0], tuple(outputs[1:])
+        named = {key: value for key, value in named.items() if value is not None}
+        results = self.layer(
+            hidden, *args, training=training, **named, **mixer_arguments(kwargs)
+        )
+        outputs, new_cache, extras = split_results(results, cache is not None)
         outputs = self.dropout_layer(outputs, training=training) + inputs
         if self.norm_placement == "post":
             outputs = self.norm(outputs)
-        return (outputs,) + rest if rest else outputs
+        return join_results(outputs, new_cache, extras, cache is not None)
 
     def compute_output_shape(self, inputs_shape, context_shape=None):
         return tuple(inputs_shape)
 
     def compute_output_spec(self, inputs, context=None, cache=None, **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        if kwargs.get("return_attention_scores"):
-            args = () if context is None else (context,)
-            return (outputs,) + tuple(
-                self.layer.compute_output_spec(inputs, *args, cache=cache, **kwargs)[1:]
-            )
-        if cache is None:
-            return outputs
-        return outputs, keras.KerasTensor(cache.shape, dtype=cache.dtype)
+        extra = mixer_arguments(kwargs)
+        if not extra:
+            return join_results(outputs, new_specs(cache), None, cache is not None)
+        args = () if context is None else (context,)
+        if cache is not None:
+            extra["cache"] = cache
+        layer_spec = self.layer.compute_output_spec(inputs, *args, **extra)
+        _, new_cache, extras = split_results(layer_spec, cache is not None)
+        return join_results(outputs, new_cache, extras, cache is not None)
 
     def get_config(self):
         config = super().get_config()

@@ -217,7 +217,7 @@ def test_inside_attention_matches_numpy_attention(rng, name):
         x.astype("float64"), x.astype("float64"), _mha_weights(layer), H, kv_heads, mask=mask
     )
     np.testing.assert_allclose(out, expected, atol=1e-4, rtol=1e-4)
-    explicit, weights = layer(x, padding_mask=padding, use_causal_mask=True, return_attention_scores=True)
+    explicit, weights = checks.split_scores(layer(x, padding_mask=padding, use_causal_mask=True, return_attention_scores=True))
     np.testing.assert_allclose(_np(explicit), expected, atol=1e-4, rtol=1e-4)
     np.testing.assert_array_equal(_np(weights)[np.broadcast_to(~mask, weights.shape)], 0.0)
 

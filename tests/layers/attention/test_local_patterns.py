@@ -135,7 +135,7 @@ def test_dense_fallback_when_scores_or_masks_are_needed(rng, spy):
     x = _inputs(rng)
     sparse = checks.to_numpy(layer(x))
     assert len(spy) == 1
-    out, weights = layer(x, return_attention_scores=True)
+    out, weights = checks.split_scores(layer(x, return_attention_scores=True))
     assert len(spy) == 1
     q = keras.ops.zeros((B, T, 2, 8))
     assert layer._block_sparse_applies(q, None, None, None, None, None, False)
