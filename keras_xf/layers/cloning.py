@@ -49,7 +49,7 @@ def as_layer(layer, name, optional=False, kind=None):
         kinds = kind if isinstance(kind, tuple) else (kind,)
         expected = " or ".join(k.__name__ for k in kinds)
         raise ValueError(
-            f"{name} must be a {expected} layer (or a subclass). Received: "
+            f"{name} must be an instance of {expected} (or of a subclass). Received: "
             f"{name}={type(layer).__name__}"
         )
     return layer

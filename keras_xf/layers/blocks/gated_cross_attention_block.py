@@ -3,20 +3,21 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import join_results
+from keras_xf.layers.block_contract import mixer_arguments
+from keras_xf.layers.block_contract import new_specs
+from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import with_dtype_policy
 from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
-from keras_xf.layers.residual.residual import join_results
 from keras_xf.layers.residual.residual import make_normalization
-from keras_xf.layers.residual.residual import mixer_arguments
-from keras_xf.layers.residual.residual import new_specs
-from keras_xf.layers.residual.residual import split_results
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class GatedCrossAttentionBlock(keras.layers.Layer):
+class GatedCrossAttentionBlock(PassesMixerArguments, keras.layers.Layer):
     """A decoder layer preceded by gated cross-attention to image (or other) states.
 
     Multimodal decoders can feed visual representations into the attention layers of a text
@@ -148,6 +149,7 @@ class GatedCrossAttentionBlock(keras.layers.Layer):
         cache=None,
         cache_index=None,
         training=None,
+        mixer_options=None,
         **kwargs,
     ):
         block_cache, cross_cache = (None, None) if cache is None else cache
@@ -177,7 +179,7 @@ class GatedCrossAttentionBlock(keras.layers.Layer):
             cache=block_cache,
             cache_index=cache_index,
             training=training,
-            **mixer_arguments(kwargs),
+            **mixer_arguments(kwargs, mixer_options),
         )
         outputs, new_block_cache, extras = split_results(results, cache is not None)
         return join_results(outputs, (new_block_cache, new_cross_cache), extras, cache is not None)
@@ -185,9 +187,9 @@ class GatedCrossAttentionBlock(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, *args, cache=None, **kwargs):
+    def compute_output_spec(self, inputs, *args, cache=None, mixer_options=None, **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        extra = mixer_arguments(kwargs)
+        extra = mixer_arguments(kwargs, mixer_options)
         extras = None
         if extra:
             block_cache = None if cache is None else cache[0]

@@ -2,20 +2,21 @@
 
 import keras
 
+from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import join_results
+from keras_xf.layers.block_contract import mixer_arguments
+from keras_xf.layers.block_contract import new_specs
+from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import with_dtype_policy
 from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.residual.residual import Residual
-from keras_xf.layers.residual.residual import join_results
-from keras_xf.layers.residual.residual import mixer_arguments
-from keras_xf.layers.residual.residual import new_specs
-from keras_xf.layers.residual.residual import split_results
 from keras_xf.layers.residual.residual import validate_normalization
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class TransformerBlock(keras.layers.Layer):
+class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
     """An encoder or decoder layer built from sub-layers, each wrapped in a `Residual`.
 
     Encoder layer: `H' = Layer_ffn(Layer_self(H))`; decoder layer:
@@ -151,6 +152,7 @@ class TransformerBlock(keras.layers.Layer):
         cache=None,
         cache_index=None,
         training=None,
+        mixer_options=None,
         **kwargs,
     ):
         self_cache, cross_cache = cache, None
@@ -164,7 +166,7 @@ class TransformerBlock(keras.layers.Layer):
             cache=self_cache,
             cache_index=cache_index,
             training=training,
-            **mixer_arguments(kwargs),
+            **mixer_arguments(kwargs, mixer_options),
         )
         outputs, new_self_cache, extras = split_results(results, self_cache is not None)
 
@@ -205,9 +207,9 @@ class TransformerBlock(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, *args, cache=None, **kwargs):
+    def compute_output_spec(self, inputs, *args, cache=None, mixer_options=None, **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        extra = mixer_arguments(kwargs)
+        extra = mixer_arguments(kwargs, mixer_options)
         extras = None
         if extra:
             self_cache = cache

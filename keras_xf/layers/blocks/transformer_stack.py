@@ -3,15 +3,16 @@
 import keras
 
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
+from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import mixer_arguments
+from keras_xf.layers.block_contract import new_specs
+from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import serialize_layer
 from keras_xf.layers.residual.residual import make_normalization
-from keras_xf.layers.residual.residual import mixer_arguments
-from keras_xf.layers.residual.residual import new_specs
-from keras_xf.layers.residual.residual import split_results
 
 # The layers a stack is made of; each has `mixer`, `normalization`, `norm_placement`, `epsilon`.
 BLOCKS = (TransformerBlock, GatedCrossAttentionBlock)
@@ -44,7 +45,7 @@ def _serialize_templates(block):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class TransformerStack(keras.layers.Layer):
+class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     """`H^l = Block_l(H^{l-1})` for `l = 1 … L`, each block a fresh copy of a template.
 
     The template's config is cloned `num_layers` times, so every layer has its own weights.
@@ -142,6 +143,7 @@ class TransformerStack(keras.layers.Layer):
         cache=None,
         cache_index=None,
         training=None,
+        mixer_options=None,
         **kwargs,
     ):
         if cache is not None and len(cache) != self.num_layers:
@@ -149,7 +151,7 @@ class TransformerStack(keras.layers.Layer):
                 f"cache must hold one entry per layer ({self.num_layers}). Received: "
                 f"{len(cache)} entries"
             )
-        kwargs = mixer_arguments(kwargs)
+        kwargs = mixer_arguments(kwargs, mixer_options)
         outputs = inputs
         new_caches = []
         collected = {}
@@ -205,10 +207,10 @@ class TransformerStack(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, *args, cache=None, **kwargs):
+    def compute_output_spec(self, inputs, *args, cache=None, mixer_options=None, **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         new_caches = [None] * self.num_layers if cache is None else list(new_specs(tuple(cache)))
-        extra = mixer_arguments(kwargs)
+        extra = mixer_arguments(kwargs, mixer_options)
         collected = {}
         if extra:
             for index, block in enumerate(self.blocks):

@@ -2,22 +2,14 @@
 
 import keras
 
+from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import join_results
+from keras_xf.layers.block_contract import mixer_arguments
+from keras_xf.layers.block_contract import new_specs
+from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.cloning import as_layer
 
 NORM_PLACEMENTS = ("post", "pre")
-# Call arguments that the generic layers (`Residual`, `TransformerBlock`, `TransformerStack`)
-# handle themselves; every other keyword argument belongs to the mixer and is passed through.
-GENERIC_ARGUMENTS = (
-    "context",
-    "padding_mask",
-    "attention_mask",
-    "encoder_outputs",
-    "encoder_padding_mask",
-    "use_causal_mask",
-    "cache",
-    "cache_index",
-    "training",
-)
 NORMALIZATIONS = ("layer_norm", "rms_norm")
 
 
@@ -26,42 +18,6 @@ def make_normalization(normalization, epsilon, dtype, name):
     if normalization == "layer_norm":
         return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
     return keras.layers.RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
-
-
-def mixer_arguments(kwargs):
-    """The mixer-specific call arguments in `kwargs` (not generic, not `None`), which the
-    generic layers forward without naming them."""
-    return {k: v for k, v in kwargs.items() if k not in GENERIC_ARGUMENTS and v is not None}
-
-
-def new_specs(structure):
-    """Fresh `KerasTensor`s with the shapes and dtypes of a nested structure (a new cache)."""
-    if structure is None:
-        return None
-    return keras.tree.map_structure(lambda t: keras.KerasTensor(t.shape, dtype=t.dtype), structure)
-
-
-def split_results(results, has_cache):
-    """`(outputs, new_cache, extras)` from what a mixer or block returned under the block
-    contract: `outputs`, `(outputs, new_cache)`, or a dict with `outputs`, optionally `cache`,
-    and extras (e.g. `attention_scores`). `extras` is `None` when the result is not a dict."""
-    if isinstance(results, dict):
-        extras = dict(results)
-        return extras.pop("outputs"), extras.pop("cache", None), extras
-    if has_cache:
-        outputs, new_cache = results
-        return outputs, new_cache, None
-    return results, None, None
-
-
-def join_results(outputs, new_cache, extras, has_cache):
-    """The inverse of `split_results`: the block contract's return value."""
-    if extras is None:
-        return (outputs, new_cache) if has_cache else outputs
-    results = dict(extras, outputs=outputs)
-    if has_cache:
-        results["cache"] = new_cache
-    return results
 
 
 def validate_normalization(normalization, norm_placement, dropout):
@@ -80,7 +36,7 @@ def validate_normalization(normalization, norm_placement, dropout):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class Residual(keras.layers.Layer):
+class Residual(PassesMixerArguments, keras.layers.Layer):
     """Wraps a sub-layer `F` with a residual connection and a normalisation.
 
     Post-norm: `H_out = LNorm(F(H_in) + H_in)`; pre-norm: `H_out = F(LNorm(H_in)) + H_in`
@@ -103,7 +59,8 @@ class Residual(keras.layers.Layer):
         padding_mask, attention_mask, use_causal_mask, cache, cache_index: passed to `F` when
             not `None`.
         training: bool.
-        **kwargs: passed to `F` when not `None`.
+        mixer_options, **kwargs: passed to `F` when not `None` (`PassesMixerArguments`
+            carries the Python values in `mixer_options`, the tensors in `kwargs`).
 
     Returns:
         As `F` under the block contract, with its outputs `y` replaced by the residual
@@ -152,6 +109,7 @@ class Residual(keras.layers.Layer):
         cache=None,
         cache_index=None,
         training=None,
+        mixer_options=None,
         **kwargs,
     ):
         hidden = self.norm(inputs) if self.norm_placement == "pre" else inputs
@@ -165,7 +123,7 @@ class Residual(keras.layers.Layer):
         }
         named = {key: value for key, value in named.items() if value is not None}
         results = self.layer(
-            hidden, *args, training=training, **named, **mixer_arguments(kwargs)
+            hidden, *args, training=training, **named, **mixer_arguments(kwargs, mixer_options)
         )
         outputs, new_cache, extras = split_results(results, cache is not None)
         outputs = self.dropout_layer(outputs, training=training) + inputs
@@ -176,9 +134,10 @@ class Residual(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, context_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, context=None, cache=None, **kwargs):
+    def compute_output_spec(self, inputs, context=None, cache=None, mixer_options=None,
+                            **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        extra = mixer_arguments(kwargs)
+        extra = mixer_arguments(kwargs, mixer_options)
         if not extra:
             return join_results(outputs, new_specs(cache), None, cache is not None)
         args = () if context is None else (context,)

@@ -370,7 +370,9 @@ def test_causal_lm_trains(rng, pattern):
         (lambda: ClusteringPattern(num_clusters=1), "Received: num_clusters=1"),
         (lambda: ClusteringPattern(num_clusters=2, decay=1.0), "Received: decay=1.0"),
         (lambda: HybridPattern([]), "patterns must be a non-empty list"),
-        (lambda: PerHeadPattern(["local"]), "patterns must hold AttentionPattern layers"),
+        (lambda: PerHeadPattern(["local"]), "patterns\\[0\\] must be a Keras layer"),
+        (lambda: HybridPattern([DilatedPattern(1), FeedForward(4)]),
+         "patterns\\[1\\] must be an instance of AttentionPattern"),
     ],
 )
 def test_bad_configs_raise(make, match):
