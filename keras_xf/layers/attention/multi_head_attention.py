@@ -8,6 +8,8 @@ from keras_xf.layers.attention.position_hook import PositionHook
 from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.attention.score_extensions import ScoreExtensionsMixin
 from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
+from keras_xf.layers.block_contract import join_results
+from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
@@ -200,7 +202,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         the flattened head axes: the same numbers, without the reshapes and dispatch of a
         general einsum (which cost more than the arithmetic when decoding one token on
         PyTorch). LoRA-enabled or quantised projections are called as they are."""
-        if getattr(dense, "lora_enabled", False) or getattr(dense, "quantization_mode", None):
+        if dense.lora_enabled or dense.quantization_mode:
             return dense(inputs)
         kernel = dense.kernel
         if dense is self.output_dense:  # "bthk,hkd->btd"
@@ -398,20 +400,8 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
                 outputs = outputs + ops.cast(term, outputs.dtype)
         outputs = self._project(self.output_dense, outputs)
 
-        return self._results(outputs, weights if return_attention_scores else None, cache,
-                             new_cache)
-
-    @staticmethod
-    def _results(outputs, scores, cache, new_cache):
-        """The block contract: `outputs`, or `(outputs, new_cache)` with a cache; with
-        attention scores, one dict with `outputs`, `attention_scores` and (with a cache)
-        `cache`."""
-        if scores is None:
-            return outputs if cache is None else (outputs, new_cache)
-        results = {"outputs": outputs, "attention_scores": scores}
-        if cache is not None:
-            results["cache"] = new_cache
-        return results
+        extras = {"attention_scores": weights} if return_attention_scores else None
+        return join_results(outputs, new_cache, extras, cache is not None)
 
     def _mix_weights(self, weights, q, k, query_positions, key_positions, mask):
         """The softmax weights after the `mixes_weights` biases, in order."""
@@ -542,17 +532,16 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         outputs = keras.KerasTensor(
             self.compute_output_shape(query.shape), dtype=self.compute_dtype
         )
-        scores = None
+        extras = None
         if return_attention_scores:
             if cache is not None:
                 key_length = cache.shape[2]
             else:
                 key_length = (query if value is None else value).shape[1]
-            scores = keras.KerasTensor(
+            extras = {"attention_scores": keras.KerasTensor(
                 (query.shape[0], self.num_heads, query.shape[1], key_length), dtype="float32"
-            )
-        new_cache = None if cache is None else keras.KerasTensor(cache.shape, dtype=cache.dtype)
-        return self._results(outputs, scores, cache, new_cache)
+            )}
+        return join_results(outputs, new_specs(cache), extras, cache is not None)
 
     def get_config(self):
         config = super().get_config()

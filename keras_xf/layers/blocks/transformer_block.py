@@ -47,7 +47,8 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         training: bool.
         **kwargs: mixer-specific arguments, passed to the mixer unchanged when not `None`
             (e.g. `attention_bias`, `attention_multiplier`, `attention_weights`,
-            `return_attention_scores` of `MultiHeadAttention`).
+            `return_attention_scores` of `MultiHeadAttention`); `PassesMixerArguments` moves
+            the Python values among them into `mixer_options` for Keras.
 
     Returns:
         `[B, T, d]`, or `(outputs, new_cache)` when a cache is given. When the mixer returns
