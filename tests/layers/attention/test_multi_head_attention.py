@@ -291,9 +291,9 @@ def test_mixed_precision(rng, policy):
         policy=policy,
     )
     assert keras.backend.standardize_dtype(out.dtype) == keras.DTypePolicy(policy).compute_dtype
-    out, weights = MultiHeadAttention(num_heads=2, dtype=policy)(
+    out, weights = checks.split_scores(MultiHeadAttention(num_heads=2, dtype=policy)(
         x, padding_mask=padding, return_attention_scores=True
-    )
+    ))
     assert keras.backend.standardize_dtype(weights.dtype) == "float32"
     np.testing.assert_array_equal(checks.to_numpy(weights)[1], 0.0)
 
