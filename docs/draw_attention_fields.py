@@ -166,12 +166,13 @@ def _weights(attention, x, kwargs):
     if isinstance(attention, keras_xf.layers.BranchMix):
         # α·Att + (1−α)·AttSyn: the two branches' weights, mixed as the layer mixes outputs.
         attention(x, **kwargs)  # builds both branches
-        plain = attention.attention(x, return_attention_scores=True)[1]
-        syntax = attention.syntax_attention(x, return_attention_scores=True, **kwargs)[1]
+        plain = attention.attention(x, return_attention_scores=True)["attention_scores"]
+        syntax = attention.syntax_attention(
+            x, return_attention_scores=True, **kwargs)["attention_scores"]
         alpha = keras.ops.convert_to_numpy(attention.mixing_weight())
         mixed = alpha * keras.ops.convert_to_numpy(plain)
         return (mixed + (1 - alpha) * keras.ops.convert_to_numpy(syntax))[0]
-    _, weights = attention(x, return_attention_scores=True, **kwargs)
+    weights = attention(x, return_attention_scores=True, **kwargs)["attention_scores"]
     return keras.ops.convert_to_numpy(weights)[0]
 
 

@@ -93,7 +93,10 @@ def check_mixed_precision(make_layer, inputs, call_kwargs=None, policy="mixed_fl
     layer = make_layer(dtype=policy)
     outputs = layer(*inputs, **(call_kwargs or {}))
     compute_dtype = keras.DTypePolicy(policy).compute_dtype
-    first = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+    if isinstance(outputs, dict):
+        first = outputs["outputs"]
+    else:
+        first = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
     assert keras.backend.standardize_dtype(first.dtype) in (compute_dtype, "float32")
     for variable in layer.weights:
         assert keras.backend.standardize_dtype(variable.dtype) == "float32", variable.path
@@ -121,3 +124,12 @@ def check_jit_compile(model, inputs):
 
 def count_params(layer):
     return int(sum(np.prod(w.shape) for w in layer.weights))
+
+
+def split_scores(results, cache=False):
+    """`(outputs, attention_scores)` (then the new cache when `cache`) from the one dict that
+    a layer returns with `return_attention_scores=True`, checking its keys."""
+    expected = {"outputs", "attention_scores"} | ({"cache"} if cache else set())
+    assert isinstance(results, dict) and set(results) == expected, (type(results), results)
+    parts = (results["outputs"], results["attention_scores"])
+    return parts + (results["cache"],) if cache else parts

@@ -2,6 +2,7 @@
 
 from keras_xf.layers.attention.alibi_bias import AlibiBias
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
+from keras_xf.layers.attention.branch_mix import BranchMix
 from keras_xf.layers.attention.compressed_attention import CompressedAttention
 from keras_xf.layers.attention.locality_prior import LocalityPrior
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
@@ -15,8 +16,14 @@ from keras_xf.layers.attention.patterns.local_pattern import LocalPattern
 from keras_xf.layers.attention.patterns.per_head_pattern import PerHeadPattern
 from keras_xf.layers.attention.patterns.random_pattern import RandomPattern
 from keras_xf.layers.attention.patterns.strided_pattern import StridedPattern
+from keras_xf.layers.attention.perceiver_resampler import PerceiverResampler
+from keras_xf.layers.attention.position_hook import PositionHook
+from keras_xf.layers.attention.prefix_attention_mask import PrefixAttentionMask
 from keras_xf.layers.attention.relative_position_bias import RelativePositionBias
 from keras_xf.layers.attention.relative_position_embedding import RelativePositionEmbedding
+from keras_xf.layers.attention.score_bias import ScoreBias
+from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
+from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.class_token import ClassToken
@@ -28,7 +35,10 @@ from keras_xf.layers.embeddings.sinusoidal_position_encoding import SinusoidalPo
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
 from keras_xf.layers.feedforward.feed_forward import FeedForward
+from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
+from keras_xf.layers.feedforward.mixture_of_experts import MixtureOfExperts
 from keras_xf.layers.feedforward.product_key_memory import ProductKeyMemory
+from keras_xf.layers.feedforward.router import Router
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
 from keras_xf.layers.mixers.average_attention import AverageAttention
@@ -38,11 +48,6 @@ from keras_xf.layers.mixers.dynamic_convolution import DynamicConvolution
 from keras_xf.layers.mixers.lightweight_convolution import LightweightConvolution
 from keras_xf.layers.mixers.linear_attention import LinearAttention
 from keras_xf.layers.mixers.recurrent_mixer import RecurrentMixer
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
 from keras_xf.layers.residual.residual import Residual
-from keras_xf.layers.attention.branch_mix import BranchMix
-from keras_xf.layers.attention.perceiver_resampler import PerceiverResampler
-from keras_xf.layers.attention.prefix_attention_mask import PrefixAttentionMask
-from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
-from keras_xf.layers.feedforward.mixture_of_experts import MixtureOfExperts
-from keras_xf.layers.feedforward.router import Router

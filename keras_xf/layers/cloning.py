@@ -30,20 +30,29 @@ def clone_layer(layer, **config_overrides):
     return keras.saving.deserialize_keras_object(serialized)
 
 
-def as_layer(layer, name, optional=False):
+def as_layer(layer, name, optional=False, kind=None):
     """`layer` itself when it is a Keras layer, a new layer when it is a serialised layer
     config (from `keras.saving.serialize_keras_object`), `None` when it is `None` and
-    `optional`; otherwise a `ValueError` naming the argument `name`."""
+    `optional`; otherwise a `ValueError` naming the argument `name`. With `kind` (a class or
+    a tuple of classes), the layer must also be an instance of it (e.g. `pattern` an
+    `AttentionPattern`)."""
     if layer is None and optional:
         return None
-    if isinstance(layer, keras.layers.Layer):
-        return layer
     if isinstance(layer, dict) and "class_name" in layer and "config" in layer:
-        return clone_layer(layer)
-    raise ValueError(
-        f"{name} must be a Keras layer or a serialised layer config. Received: "
-        f"{name}={layer!r} of type {type(layer).__name__}"
-    )
+        layer = clone_layer(layer)
+    if not isinstance(layer, keras.layers.Layer):
+        raise ValueError(
+            f"{name} must be a Keras layer or a serialised layer config. Received: "
+            f"{name}={layer!r} of type {type(layer).__name__}"
+        )
+    if kind is not None and not isinstance(layer, kind):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        expected = " or ".join(k.__name__ for k in kinds)
+        raise ValueError(
+            f"{name} must be an instance of {expected} (or of a subclass). Received: "
+            f"{name}={type(layer).__name__}"
+        )
+    return layer
 
 
 def with_dtype_policy(layer, policy):

@@ -3,12 +3,13 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.ops.positions import alibi_slope_values
 from keras_xf.ops.positions import relative_distance
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class AlibiBias(keras.layers.Layer):
+class AlibiBias(ScoreBias):
     """A fixed penalty linear in the distance, one slope per head (ALiBi, Press et al.).
 
     The survey's summary (§7) notes that position scalars added to the attention scores

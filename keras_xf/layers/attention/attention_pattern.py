@@ -26,6 +26,12 @@ class AttentionPattern(keras.layers.Layer):
     - `supports_decoding`: the field of a query depends only on its own position and the keys
       before it, so token-by-token cached decoding gives the full pass's result. A pattern
       that sets it to `False` raises a `ValueError` when used with `cache_index`.
+    - `block_sparse`: self-attention may compute only the blocks the field touches
+      (`keras_xf.ops.block_sparse_attention`); such a pattern provides `field` and
+      `block_layout(length) -> (block_size, block_offsets)`.
+    - `cache_slots`: an int when a query's keys lie within a fixed number of the latest
+      positions, so `MultiHeadAttention.init_cache` allocates a rolling cache of that many
+      slots; `None` for a cache of the full length.
 
     Example:
     >>> mha = MultiHeadAttention(num_heads=2, pattern=AttentionPattern())  # every key allowed
@@ -34,6 +40,8 @@ class AttentionPattern(keras.layers.Layer):
 
     uses_states = False
     supports_decoding = True
+    block_sparse = False
+    cache_slots = None
 
     def call(self, query_positions, key_positions, query=None, key=None):
         return keras.ops.ones(

@@ -6,22 +6,14 @@ import keras
 from keras import ops
 
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
+from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import with_dtype_policy
-
-
-def _attention(layer, arg):
-    if layer is not None and not isinstance(layer, keras.layers.Layer):
-        layer = clone_layer(layer)
-    if not isinstance(layer, MultiHeadAttention):
-        raise ValueError(
-            f"{arg} must be a MultiHeadAttention. Received: {arg}={type(layer).__name__}"
-        )
-    return layer
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class BranchMix(keras.layers.Layer):
+class BranchMix(SequenceMixer):
     """`H_self = α · Att_self(H) + (1 − α) · AttSyn_self(H)` (survey §3.3, multi-branch models).
 
     `Att_self` is a standard multi-head self-attention; `AttSyn_self` is a second one that
@@ -64,10 +56,10 @@ class BranchMix(keras.layers.Layer):
 
     def __init__(self, attention, syntax_attention=None, alpha=0.5, learn_alpha=False, **kwargs):
         super().__init__(**kwargs)
-        attention = _attention(attention, "attention")
+        attention = as_layer(attention, "attention", kind=MultiHeadAttention)
         if syntax_attention is None:
             syntax_attention = clone_layer(attention, name="syntax_attention")
-        syntax_attention = _attention(syntax_attention, "syntax_attention")
+        syntax_attention = as_layer(syntax_attention, "syntax_attention", kind=MultiHeadAttention)
         if alpha == "learned":
             initial = 0.5
             learn_alpha = True

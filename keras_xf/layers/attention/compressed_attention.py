@@ -73,8 +73,9 @@ class CompressedAttention(MultiHeadAttention):
         `training`.
 
     Returns:
-        `[B, T, output_dim]`; the float32 weights `[B, H, T, n′]` (`[B, H, T, S]` for
-        `"selection"`) if asked; the new cache if a cache was given.
+        As `MultiHeadAttention`: `[B, T, output_dim]`, or `(outputs, new_cache)` with a cache;
+        with `return_attention_scores=True`, one dict whose `"attention_scores"` are the
+        float32 weights `[B, H, T, n′]` (`[B, H, T, S]` for `"selection"`).
 
     Example:
     >>> layer = CompressedAttention(num_heads=2, compressed_length=4, max_length=16)
@@ -360,7 +361,7 @@ class CompressedAttention(MultiHeadAttention):
         weights = keras.KerasTensor(
             (query.shape[0], self.num_heads, query.shape[1], key_length), dtype="float32"
         )
-        return (results[0], weights) + tuple(results[2:])
+        return dict(results, attention_scores=weights)
 
     def get_config(self):
         config = super().get_config()

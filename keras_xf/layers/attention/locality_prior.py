@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_xf.layers.attention.score_bias import ScoreBias
+from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
 from keras_xf.ops.attention import masked_softmax
 from keras_xf.ops.checks import get_initializer
 
@@ -22,7 +24,7 @@ def _is_real(value):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class LocalityPrior(keras.layers.Layer):
+class LocalityPrior(ScoreBias, ScoreMultiplier):
     """A locality prior `G` that discourages attention between distant positions.
 
     Survey §4.1.1. The penalty matrix `G` has one of three definitions (`distance`):

@@ -3,12 +3,19 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.attention.attention_pattern import AttentionPattern
+from keras_xf.layers.attention.position_hook import PositionHook
+from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.attention.score_extensions import ScoreExtensionsMixin
-from keras_xf.layers.cloning import clone_layer
+from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
+from keras_xf.layers.block_contract import join_results
+from keras_xf.layers.block_contract import new_specs
+from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.head_projections import INTO_HEADS
 from keras_xf.layers.head_projections import OUT_OF_HEADS
 from keras_xf.layers.head_projections import head_projection
 from keras_xf.layers.head_projections import project
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.ops.attention import attend
 from keras_xf.ops.attention import attention_scores
 from keras_xf.ops.attention import masked_softmax
@@ -23,18 +30,12 @@ from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.masks import merge_masks
 
 
-def _deserialize(layer):
-    if layer is None or isinstance(layer, keras.layers.Layer):
-        return layer
-    return clone_layer(layer)
-
-
 def _serialize(layer):
     return None if layer is None else keras.saving.serialize_keras_object(layer)
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
+class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
     """Multi-head attention: `C = Merge(C₁ … C_τ) W_c`, `C_h = Softmax(Q_h K_hᵀ/√d_h + M) V_h`.
 
     Survey §2.3 (multi-head self-attention), §2.6 (cross-attention and the causal mask `M`)
@@ -48,18 +49,21 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
     Without multiplier, value terms, returned weights or training dropout, the fused
     `keras.ops.dot_product_attention` kernel computes the same numbers.
 
-    Hook protocol (each hook is a serialisable Keras layer; positions are int32 vectors):
-    - `position.rotate(query, key, query_positions, key_positions) -> (query, key)`;
-    - `bias(query, key, query_positions, key_positions)` returns an additive bias
-      broadcastable to `[B, H, T, S]`; a bias with `has_value_term = True` also provides
-      `value_term(weights, value, query_positions, key_positions) -> [B, T, H, Dh]`; a
-      bias with `mixes_weights = True` is not added to the scores but provides
-      `mix_weights(weights, query, key, query_positions, key_positions, mask)`, applied to the
-      softmax weights (e.g. the locality-prior mixture of survey §4.1.1);
-    - `multiplier(query, key, query_positions, key_positions)`, broadcastable to `[B, H, T, S]`;
-    - `pattern(query_positions, key_positions)`, a boolean mask broadcastable to `[B, H, T, S]`
-      (an `AttentionPattern`; one with `uses_states = True` also gets `query=q, key=k`, and
-      one with `supports_decoding = False` refuses `cache_index`).
+    Hook protocol (each hook subclasses a base layer that declares its abilities as class
+    attributes with defaults; positions are int32 vectors):
+    - `position`, a `PositionHook`: `rotate(query, key, query_positions, key_positions) ->
+      (query, key)`; `rotates_pairs = True` (RoPE) needs an even `qk_dim`;
+    - each of `biases`, a `ScoreBias`: `bias(query, key, query_positions, key_positions)`
+      returns an additive bias broadcastable to `[B, H, T, S]`; one with
+      `has_value_term = True` also provides `value_term(weights, value, query_positions,
+      key_positions) -> [B, T, H, Dh]`; one with `mixes_weights = True` is not added to the
+      scores but provides `mix_weights(weights, query, key, query_positions, key_positions,
+      mask)`, applied to the softmax weights (e.g. the locality-prior mixture of survey §4.1.1);
+    - `multiplier`, a `ScoreMultiplier`: `multiplier(query, key, query_positions,
+      key_positions)`, broadcastable to `[B, H, T, S]`;
+    - `pattern`, an `AttentionPattern`: `pattern(query_positions, key_positions)`, a boolean
+      mask broadcastable to `[B, H, T, S]` (one with `uses_states = True` also gets
+      `query=q, key=k`, and one with `supports_decoding = False` refuses `cache_index`).
 
     Banded patterns (`LocalPattern`, `ChunkedPattern`, `StridedPattern`, survey §5.1) run
     block-sparsely (`keras_xf.ops.block_sparse_attention`, memory O(n·w)) in self-attention
@@ -110,7 +114,9 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         training: bool.
 
     Returns:
-        `[B, T, output_dim]`, then the weights if asked, then the new cache if a cache was given.
+        `[B, T, output_dim]`, or `(outputs, new_cache)` when a cache is given. With
+        `return_attention_scores=True`, one dict `{"outputs": …, "attention_scores": …}`
+        (float32 `[B, H, T, S]`), plus `"cache": new_cache` when a cache is given.
 
     Example:
     >>> mha = MultiHeadAttention(num_heads=4, num_key_value_heads=2)
@@ -167,18 +173,26 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         self.dropout = dropout
         self.causal = causal
         self.scale = scale
-        self.position = _deserialize(position)
-        self.biases = [_deserialize(bias) for bias in (biases or [])]
-        self.multiplier = _deserialize(multiplier)
-        self.pattern = _deserialize(pattern)
+        self.position = as_layer(position, "position", optional=True, kind=PositionHook)
+        if biases is not None and not isinstance(biases, (list, tuple)):
+            raise ValueError(
+                "biases must be a list of ScoreBias layers. Received: "
+                f"biases={type(biases).__name__}"
+            )
+        self.biases = [
+            as_layer(bias, f"biases[{index}]", kind=ScoreBias)
+            for index, bias in enumerate(biases or [])
+        ]
+        self.multiplier = as_layer(multiplier, "multiplier", optional=True, kind=ScoreMultiplier)
+        self.pattern = as_layer(pattern, "pattern", optional=True, kind=AttentionPattern)
         self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         # Unseeded, as Keras's `Dropout` layer: on PyTorch a seeded generator takes Keras's
         # slow dropout path (a full tensor of keep probabilities and a Bernoulli draw per
         # element) instead of `torch.nn.functional.dropout`.
         self.seed_generator = keras.random.SeedGenerator()
-        self._value_term_biases = [b for b in self.biases if getattr(b, "has_value_term", False)]
-        self._weight_mixers = [b for b in self.biases if getattr(b, "mixes_weights", False)]
+        self._value_term_biases = [b for b in self.biases if b.has_value_term]
+        self._weight_mixers = [b for b in self.biases if b.mixes_weights]
         self._init_score_extensions(guided_heads, qk_dim)
 
     def _projection(self, name, equation, output_shape, bias_axes):
@@ -328,7 +342,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         )
         bias = None
         for hook in self.biases:
-            if getattr(hook, "mixes_weights", False):
+            if hook.mixes_weights:
                 continue
             term = hook(q, k, query_positions, key_positions)
             bias = term if bias is None else bias + term
@@ -379,12 +393,8 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
                 outputs = outputs + ops.cast(term, outputs.dtype)
         outputs = self._project(self.output_dense, outputs)
 
-        results = (outputs,)
-        if return_attention_scores:
-            results += (weights,)
-        if cache is not None:
-            results += (new_cache,)
-        return results[0] if len(results) == 1 else results
+        extras = {"attention_scores": weights} if return_attention_scores else None
+        return join_results(outputs, new_cache, extras, cache is not None)
 
     def _mix_weights(self, weights, q, k, query_positions, key_positions, mask):
         """The softmax weights after the `mixes_weights` biases, in order."""
@@ -395,12 +405,12 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
     def _pattern_mask(self, q, k, query_positions, key_positions, cache_index):
         if self.pattern is None:
             return None
-        if cache_index is not None and not getattr(self.pattern, "supports_decoding", True):
+        if cache_index is not None and not self.pattern.supports_decoding:
             raise ValueError(
                 f"pattern={type(self.pattern).__name__} does not support cached decoding (the "
                 "field of a query depends on later keys). Received: cache_index with this pattern"
             )
-        if getattr(self.pattern, "uses_states", False):
+        if self.pattern.uses_states:
             return self.pattern(query_positions, key_positions, query=q, key=k)
         return self.pattern(query_positions, key_positions)
 
@@ -417,9 +427,9 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         cache). Otherwise the dense masked path computes the same numbers."""
         pattern = self.pattern
         return bool(
-            getattr(pattern, "block_sparse", False)
-            and hasattr(pattern, "block_layout")
-            and not getattr(pattern, "uses_states", False)
+            pattern is not None
+            and pattern.block_sparse
+            and not pattern.uses_states
             and value is None
             and key is None
             and attention_mask is None
@@ -450,12 +460,12 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
 
     def _cache_length(self, max_length):
         """`max_length`, or the pattern's `cache_slots` when fewer (a rolling cache)."""
-        slots = getattr(self.pattern, "cache_slots", None)
+        slots = None if self.pattern is None else self.pattern.cache_slots
         return max_length if slots is None else min(max_length, slots)
 
     def _is_rolling(self, cache, cache_index, value):
         """A self-attention cache of exactly the pattern's `cache_slots` slots is rolling."""
-        slots = getattr(self.pattern, "cache_slots", None)
+        slots = None if self.pattern is None else self.pattern.cache_slots
         return (
             slots is not None
             and cache is not None
@@ -515,20 +525,16 @@ class MultiHeadAttention(ScoreExtensionsMixin, keras.layers.Layer):
         outputs = keras.KerasTensor(
             self.compute_output_shape(query.shape), dtype=self.compute_dtype
         )
-        results = (outputs,)
+        extras = None
         if return_attention_scores:
             if cache is not None:
                 key_length = cache.shape[2]
             else:
                 key_length = (query if value is None else value).shape[1]
-            results += (
-                keras.KerasTensor(
-                    (query.shape[0], self.num_heads, query.shape[1], key_length), dtype="float32"
-                ),
-            )
-        if cache is not None:
-            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
-        return results[0] if len(results) == 1 else results
+            extras = {"attention_scores": keras.KerasTensor(
+                (query.shape[0], self.num_heads, query.shape[1], key_length), dtype="float32"
+            )}
+        return join_results(outputs, new_specs(cache), extras, cache is not None)
 
     def get_config(self):
         config = super().get_config()

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.positions import check_bucket_config
@@ -11,7 +12,7 @@ from keras_xf.ops.positions import relative_position_buckets
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class RelativePositionBias(keras.layers.Layer):
+class RelativePositionBias(ScoreBias):
     """A learned scalar per head and bucket of relative distance, added to the scores.
 
     Survey §4.1.3 lists, besides the vector representations `PE(i, j)` of RPR, models that

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.ops.attention import repeat_kv_heads
 from keras_xf.ops.checks import get_initializer
@@ -11,7 +12,7 @@ from keras_xf.ops.positions import relative_distance
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class RelativePositionEmbedding(keras.layers.Layer):
+class RelativePositionEmbedding(ScoreBias):
     """Learned relative positional representations `PE(i, j) = u_{clip(j−i, k_rpr)}`.
 
     Survey §4.1.3 (Shaw et al.): each clipped distance `π ∈ [−k_rpr, k_rpr]` has a learned

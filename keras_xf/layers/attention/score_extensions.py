@@ -51,7 +51,8 @@ class ScoreExtensionsMixin:
         if (
             qk_dim is not None
             and qk_dim % 2
-            and type(self.position).__name__ == "RotaryEmbedding"
+            and self.position is not None
+            and self.position.rotates_pairs
         ):
             raise ValueError(
                 "qk_dim must be even with a rotary position (RoPE rotates pairs of features). "

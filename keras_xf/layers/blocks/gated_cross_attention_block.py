@@ -3,20 +3,21 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.blocks.transformer_block import _new_specs
-from keras_xf.layers.cloning import clone_layer
+from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import join_results
+from keras_xf.layers.block_contract import mixer_arguments
+from keras_xf.layers.block_contract import new_specs
+from keras_xf.layers.block_contract import split_results
+from keras_xf.layers.blocks.transformer_block import TransformerBlock
+from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import with_dtype_policy
+from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.residual.residual import make_normalization
 
 
-def _layer(layer):
-    if layer is None or isinstance(layer, keras.layers.Layer):
-        return layer
-    return clone_layer(layer)
-
-
 @keras.saving.register_keras_serializable(package="keras_xf")
-class GatedCrossAttentionBlock(keras.layers.Layer):
+class GatedCrossAttentionBlock(PassesMixerArguments, keras.layers.Layer):
     """A decoder layer preceded by gated cross-attention to image (or other) states.
 
     Multimodal decoders can feed visual representations into the attention layers of a text
@@ -43,12 +44,14 @@ class GatedCrossAttentionBlock(keras.layers.Layer):
         encoder_outputs: `[B, S, d]` image states; with a cache, give them on the first call
             (filling the cross-attention cache) and leave them `None` afterwards.
         encoder_padding_mask: boolean `[B, S]`.
-        padding_mask, attention_mask, use_causal_mask, cache_index, attention_bias,
-            attention_multiplier, training: passed to `block`.
+        padding_mask, attention_mask, use_causal_mask, cache_index, training: passed to
+            `block`.
         cache: `(block_cache, cross_attention_cache)` from `init_cache`.
+        **kwargs: mixer-specific arguments (e.g. `attention_bias`), passed to `block`.
 
     Returns:
-        `[B, T, d]`, or `(outputs, new_cache)` when a cache is given.
+        As `block`: `[B, T, d]`, or `(outputs, new_cache)` when a cache is given, or a dict
+        when the block's mixer returns one (e.g. with `return_attention_scores=True`).
 
     Example:
     >>> block = TransformerBlock(MultiHeadAttention(2), FeedForward(32), norm_placement="pre")
@@ -60,20 +63,19 @@ class GatedCrossAttentionBlock(keras.layers.Layer):
     def __init__(self, block, cross_attention, feedforward=None, gate_initializer="zeros",
                  **kwargs):
         super().__init__(**kwargs)
-        if block is None or cross_attention is None:
-            raise ValueError(
-                "GatedCrossAttentionBlock needs a block and a cross_attention. Received: "
-                f"block={block}, cross_attention={cross_attention}"
-            )
         policy = self.dtype_policy if kwargs.get("dtype") is not None else None
-        self.block = with_dtype_policy(_layer(block), policy)
-        if getattr(self.block, "cross_attention", None) is not None:
+        self.block = with_dtype_policy(as_layer(block, "block", kind=TransformerBlock), policy)
+        if self.block.cross_attention is not None:
             raise ValueError(
                 "The block of a GatedCrossAttentionBlock must not have its own cross_attention. "
                 f"Received: block with cross_attention={type(self.block.cross_attention).__name__}"
             )
-        self.cross_attention = with_dtype_policy(_layer(cross_attention), policy)
-        self.feedforward = with_dtype_policy(_layer(feedforward), policy)
+        self.cross_attention = with_dtype_policy(
+            as_layer(cross_attention, "cross_attention", kind=SequenceMixer), policy
+        )
+        self.feedforward = with_dtype_policy(
+            as_layer(feedforward, "feedforward", optional=True, kind=FeedForwardLayer), policy
+        )
         self.gate_initializer = keras.initializers.get(gate_initializer)
         self.cross_attention_norm = make_normalization(
             self.normalization, self.epsilon, self.dtype_policy, "cross_attention_norm"
@@ -87,15 +89,15 @@ class GatedCrossAttentionBlock(keras.layers.Layer):
     # The stack's final normalisation follows the decoder layer's own settings.
     @property
     def normalization(self):
-        return getattr(self.block, "normalization", "layer_norm")
+        return self.block.normalization
 
     @property
     def norm_placement(self):
-        return getattr(self.block, "norm_placement", "post")
+        return self.block.norm_placement
 
     @property
     def epsilon(self):
-        return getattr(self.block, "epsilon", 1e-5)
+        return self.block.epsilon
 
     @property
     def mixer(self):
@@ -146,9 +148,9 @@ class GatedCrossAttentionBlock(keras.layers.Layer):
         use_causal_mask=None,
         cache=None,
         cache_index=None,
-        attention_bias=None,
-        attention_multiplier=None,
         training=None,
+        mixer_options=None,
+        **kwargs,
     ):
         block_cache, cross_cache = (None, None) if cache is None else cache
         if encoder_outputs is None and cross_cache is None:
@@ -156,11 +158,11 @@ class GatedCrossAttentionBlock(keras.layers.Layer):
                 "GatedCrossAttentionBlock attends to encoder_outputs: pass them (or a filled "
                 "cache). Received: encoder_outputs=None"
             )
-        kwargs = {} if encoder_padding_mask is None else {"padding_mask": encoder_padding_mask}
+        cross_kwargs = {} if encoder_padding_mask is None else {"padding_mask": encoder_padding_mask}
         if cross_cache is not None:
-            kwargs["cache"] = cross_cache
+            cross_kwargs["cache"] = cross_cache
         attended = self.cross_attention(
-            self.cross_attention_norm(inputs), encoder_outputs, training=training, **kwargs
+            self.cross_attention_norm(inputs), encoder_outputs, training=training, **cross_kwargs
         )
         new_cross_cache = None
         if cross_cache is not None:
@@ -169,29 +171,31 @@ class GatedCrossAttentionBlock(keras.layers.Layer):
         if self.feedforward is not None:
             transformed = self.feedforward(self.feedforward_norm(hidden), training=training)
             hidden = hidden + self._gate(self.feedforward_gate, transformed)
-        block_kwargs = dict(
+        results = self.block(
+            hidden,
             padding_mask=padding_mask,
             attention_mask=attention_mask,
             use_causal_mask=use_causal_mask,
-            attention_bias=attention_bias,
-            attention_multiplier=attention_multiplier,
+            cache=block_cache,
+            cache_index=cache_index,
             training=training,
+            **mixer_arguments(kwargs, mixer_options),
         )
-        if cache is None:
-            return self.block(hidden, **block_kwargs)
-        outputs, new_block_cache = self.block(
-            hidden, cache=block_cache, cache_index=cache_index, **block_kwargs
-        )
-        return outputs, (new_block_cache, new_cross_cache)
+        outputs, new_block_cache, extras = split_results(results, cache is not None)
+        return join_results(outputs, (new_block_cache, new_cross_cache), extras, cache is not None)
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, *args, cache=None, **kwargs):
+    def compute_output_spec(self, inputs, *args, cache=None, mixer_options=None, **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        if cache is None:
-            return outputs
-        return outputs, _new_specs(cache)
+        extra = mixer_arguments(kwargs, mixer_options)
+        extras = None
+        if extra:
+            block_cache = None if cache is None else cache[0]
+            spec = self.block.compute_output_spec(inputs, cache=block_cache, **extra)
+            extras = split_results(spec, cache is not None)[2]
+        return join_results(outputs, new_specs(cache), extras, cache is not None)
 
     def get_config(self):
         config = super().get_config()

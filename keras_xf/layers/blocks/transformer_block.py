@@ -2,24 +2,21 @@
 
 import keras
 
-from keras_xf.layers.cloning import clone_layer
+from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import join_results
+from keras_xf.layers.block_contract import mixer_arguments
+from keras_xf.layers.block_contract import new_specs
+from keras_xf.layers.block_contract import split_results
+from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import with_dtype_policy
+from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.residual.residual import validate_normalization
 
 
-def _layer(layer):
-    if layer is None or isinstance(layer, keras.layers.Layer):
-        return layer
-    return clone_layer(layer)
-
-
-def _new_specs(structure):
-    return keras.tree.map_structure(lambda t: keras.KerasTensor(t.shape, dtype=t.dtype), structure)
-
-
 @keras.saving.register_keras_serializable(package="keras_xf")
-class TransformerBlock(keras.layers.Layer):
+class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
     """An encoder or decoder layer built from sub-layers, each wrapped in a `Residual`.
 
     Encoder layer: `H' = Layer_ffn(Layer_self(H))`; decoder layer:
@@ -27,10 +24,10 @@ class TransformerBlock(keras.layers.Layer):
     `Layer_F` is post-norm `LNorm(F(x) + x)` or pre-norm `F(LNorm(x)) + x` (§2.4).
 
     Args:
-        mixer: a sequence mixer (e.g. `MultiHeadAttention`): any layer taking
-            `(inputs, padding_mask=, attention_mask=, use_causal_mask=, cache=, cache_index=)`.
-        feedforward: a `FeedForward` or another width-preserving layer.
-        cross_attention: optional `MultiHeadAttention` attending to `encoder_outputs`.
+        mixer: a `SequenceMixer` (e.g. `MultiHeadAttention`), or its serialised config.
+        feedforward: a `FeedForwardLayer` (`FeedForward`, `MixtureOfExperts`, …), or its config.
+        cross_attention: optional `SequenceMixer` (a `MultiHeadAttention`) attending to
+            `encoder_outputs`.
         normalization: `"layer_norm"` or `"rms_norm"`.
         norm_placement: `"post"` (survey default) or `"pre"`.
         dropout: residual dropout rate.
@@ -45,18 +42,19 @@ class TransformerBlock(keras.layers.Layer):
             first call to fill the cross-attention cache and leave it `None` afterwards.
         encoder_padding_mask: boolean `[B, S_enc]`.
         use_causal_mask: bool for the mixer (`None`: the mixer's own default).
-        attention_bias, attention_multiplier: float `[B, T, S]` or `[B, H, T, S]` syntax
-            matrices `M` for the mixer (survey §3.2; see `MultiHeadAttention`).
-        attention_weights: `[B, H, T, S]` weights for the mixer to use instead of its own
-            scores (attention-map sharing, survey §5.4).
-        return_attention_scores: bool, also return the mixer's attention weights.
         cache, cache_index: see `init_cache`; the cache is the mixer's cache, or a tuple
             `(mixer_cache, cross_attention_cache)` when the block has cross-attention.
         training: bool.
+        **kwargs: mixer-specific arguments, passed to the mixer unchanged when not `None`
+            (e.g. `attention_bias`, `attention_multiplier`, `attention_weights`,
+            `return_attention_scores` of `MultiHeadAttention`); `PassesMixerArguments` moves
+            the Python values among them into `mixer_options` for Keras.
 
     Returns:
-        `[B, T, d]`; then the mixer's weights `[B, H, T, S]` when `return_attention_scores`;
-        then the new cache when a cache is given.
+        `[B, T, d]`, or `(outputs, new_cache)` when a cache is given. When the mixer returns
+        a dict (e.g. with `return_attention_scores=True`), one dict: its entries (such as
+        `"attention_scores"`), `"outputs"` the block's outputs, and `"cache"` the block's new
+        cache when a cache is given.
 
     Example:
     >>> block = TransformerBlock(MultiHeadAttention(4), FeedForward(64), norm_placement="pre")
@@ -76,16 +74,16 @@ class TransformerBlock(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         validate_normalization(normalization, norm_placement, dropout)
-        if mixer is None or feedforward is None:
-            raise ValueError(
-                f"TransformerBlock needs a mixer and a feedforward. Received: mixer={mixer}, "
-                f"feedforward={feedforward}"
-            )
+        mixer = as_layer(mixer, "mixer", kind=SequenceMixer)
+        feedforward = as_layer(feedforward, "feedforward", kind=FeedForwardLayer)
+        cross_attention = as_layer(
+            cross_attention, "cross_attention", optional=True, kind=SequenceMixer
+        )
         # A dtype given to the block reaches the (unbuilt) sub-layers it was given.
         policy = self.dtype_policy if kwargs.get("dtype") is not None else None
-        mixer = with_dtype_policy(_layer(mixer), policy)
-        feedforward = with_dtype_policy(_layer(feedforward), policy)
-        cross_attention = with_dtype_policy(_layer(cross_attention), policy)
+        mixer = with_dtype_policy(mixer, policy)
+        feedforward = with_dtype_policy(feedforward, policy)
+        cross_attention = with_dtype_policy(cross_attention, policy)
         self.normalization = normalization
         self.norm_placement = norm_placement
         self.dropout = dropout
@@ -154,36 +152,24 @@ class TransformerBlock(keras.layers.Layer):
         use_causal_mask=None,
         cache=None,
         cache_index=None,
-        attention_bias=None,
-        attention_multiplier=None,
-        attention_weights=None,
-        return_attention_scores=False,
         training=None,
+        mixer_options=None,
+        **kwargs,
     ):
         self_cache, cross_cache = cache, None
         if cache is not None and self.cross_attention is not None:
             self_cache, cross_cache = cache
-        outputs = self.mixer_residual(
+        results = self.mixer_residual(
             inputs,
             padding_mask=padding_mask,
             attention_mask=attention_mask,
             use_causal_mask=use_causal_mask,
             cache=self_cache,
             cache_index=cache_index,
-            attention_bias=attention_bias,
-            attention_multiplier=attention_multiplier,
-            attention_weights=attention_weights,
-            return_attention_scores=return_attention_scores,
             training=training,
+            **mixer_arguments(kwargs, mixer_options),
         )
-        scores = None
-        if return_attention_scores:
-            outputs, scores, *rest = outputs
-            if self_cache is not None:
-                outputs = (outputs, rest[0])
-        new_self_cache = None
-        if self_cache is not None:
-            outputs, new_self_cache = outputs
+        outputs, new_self_cache, extras = split_results(results, self_cache is not None)
 
         new_cross_cache = None
         if self.cross_attention is not None:
@@ -207,40 +193,32 @@ class TransformerBlock(keras.layers.Layer):
 
         outputs = self.feedforward_residual(
             outputs, training=training, **self._feedforward_kwargs(padding_mask, cache))
-        results = (outputs,) if scores is None else (outputs, scores)
-        if cache is None:
-            return results[0] if len(results) == 1 else results
-        if self.cross_attention is None:
-            return results + (new_self_cache,)
-        return results + ((new_self_cache, new_cross_cache),)
+        new_cache = new_self_cache
+        if self.cross_attention is not None:
+            new_cache = (new_self_cache, new_cross_cache)
+        return join_results(outputs, new_cache, extras, cache is not None)
 
     def _feedforward_kwargs(self, padding_mask, cache):
         """The padding mask for a feedforward that uses one (`uses_padding_mask = True`, e.g.
         `MixtureOfExperts`, where padding tokens must not take expert capacity)."""
-        if padding_mask is None or cache is not None:
-            return {}
-        if not getattr(self.feedforward, "uses_padding_mask", False):
+        if padding_mask is None or cache is not None or not self.feedforward.uses_padding_mask:
             return {}
         return {"padding_mask": padding_mask}
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, *args, cache=None, return_attention_scores=False,
-                            **kwargs):
+    def compute_output_spec(self, inputs, *args, cache=None, mixer_options=None, **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        results = (outputs,)
-        if return_attention_scores:
+        extra = mixer_arguments(kwargs, mixer_options)
+        extras = None
+        if extra:
             self_cache = cache
             if cache is not None and self.cross_attention is not None:
                 self_cache = cache[0]
-            mixer_spec = self.mixer.compute_output_spec(
-                inputs, cache=self_cache, return_attention_scores=True
-            )
-            results += (mixer_spec[1],)
-        if cache is None:
-            return results[0] if len(results) == 1 else results
-        return results + (_new_specs(cache),)
+            mixer_spec = self.mixer_residual.compute_output_spec(inputs, cache=self_cache, **extra)
+            extras = split_results(mixer_spec, self_cache is not None)[2]
+        return join_results(outputs, new_specs(cache), extras, cache is not None)
 
     def get_config(self):
         config = super().get_config()

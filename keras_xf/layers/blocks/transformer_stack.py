@@ -3,10 +3,19 @@
 import keras
 
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
-from keras_xf.layers.blocks.transformer_block import _new_specs
+from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import mixer_arguments
+from keras_xf.layers.block_contract import new_specs
+from keras_xf.layers.block_contract import split_results
+from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
+from keras_xf.layers.blocks.transformer_block import TransformerBlock
+from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import serialize_layer
 from keras_xf.layers.residual.residual import make_normalization
+
+# The layers a stack is made of; each has `mixer`, `normalization`, `norm_placement`, `epsilon`.
+BLOCKS = (TransformerBlock, GatedCrossAttentionBlock)
 
 
 def _validate_sharing(share_attention_maps, template):
@@ -16,7 +25,7 @@ def _validate_sharing(share_attention_maps, template):
             "share_attention_maps must be an int >= 1 (1 = no sharing). Received: "
             f"share_attention_maps={share_attention_maps}"
         )
-    mixer = getattr(template, "mixer", None)
+    mixer = template.mixer
     if k > 1 and not isinstance(mixer, MultiHeadAttention):
         raise ValueError(
             "share_attention_maps > 1 needs blocks whose mixer is a MultiHeadAttention (it "
@@ -29,14 +38,14 @@ def _validate_sharing(share_attention_maps, template):
 def _serialize_templates(block):
     """One serialised template, or a list of them for a hybrid stack."""
     if not isinstance(block, (list, tuple)):
-        return serialize_layer(block)
+        return serialize_layer(as_layer(block, "block", kind=BLOCKS))
     if not block:
         raise ValueError("block must be a block or a non-empty list of blocks. Received: block=[]")
-    return [serialize_layer(b) for b in block]
+    return [serialize_layer(as_layer(b, f"block[{i}]", kind=BLOCKS)) for i, b in enumerate(block)]
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class TransformerStack(keras.layers.Layer):
+class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     """`H^l = Block_l(H^{l-1})` for `l = 1 … L`, each block a fresh copy of a template.
 
     The template's config is cloned `num_layers` times, so every layer has its own weights.
@@ -54,9 +63,9 @@ class TransformerStack(keras.layers.Layer):
     self-attention layers, survey §5.5.2). The final normalisation follows the first template.
 
     Args:
-        block: a `TransformerBlock` (or any block with the same call) used as the template,
-            or a non-empty list of templates used in turn; the templates themselves are not
-            used and hold no weights of the stack.
+        block: a `TransformerBlock` or `GatedCrossAttentionBlock` (or its serialised config)
+            used as the template, or a non-empty list of templates used in turn; the
+            templates themselves are not used and hold no weights of the stack.
         num_layers: int, `L`.
         final_norm: bool; `None` means "yes for a pre-norm template, no otherwise".
         share_attention_maps: int `k ≥ 1`, layers per group sharing one attention map
@@ -64,11 +73,15 @@ class TransformerStack(keras.layers.Layer):
         **kwargs: base `Layer` arguments.
 
     Call arguments:
-        As `TransformerBlock` (`attention_bias` / `attention_multiplier` reach every layer's
-        mixer); `cache` is a tuple with one block cache per layer.
+        As `TransformerBlock`; `cache` is a tuple with one block cache per layer. Any other
+        keyword argument (e.g. `attention_bias`, `attention_multiplier`) reaches every
+        layer's mixer unchanged.
 
     Returns:
-        `[B, T, d]`, or `(outputs, new_caches)` when a cache is given.
+        `[B, T, d]`, or `(outputs, new_caches)` when a cache is given. When the blocks return
+        dicts at the caller's request (e.g. `return_attention_scores=True`), one dict:
+        `"outputs"`, `"cache"` (the tuple of new caches) when a cache is given, and each
+        other entry as a tuple with one value per layer (`None` for a layer without it).
 
     Example:
     >>> block = TransformerBlock(MultiHeadAttention(4), FeedForward(64), norm_placement="pre")
@@ -87,7 +100,7 @@ class TransformerStack(keras.layers.Layer):
         for other in templates[1:]:
             _validate_sharing(share_attention_maps, clone_layer(other))
         self.num_layers = num_layers
-        norm_placement = getattr(template, "norm_placement", "post")
+        norm_placement = template.norm_placement
         self.final_norm = norm_placement == "pre" if final_norm is None else bool(final_norm)
         self.blocks = []
         dtype = keras.dtype_policies.serialize(self.dtype_policy)
@@ -97,8 +110,8 @@ class TransformerStack(keras.layers.Layer):
         self.output_norm = None
         if self.final_norm:
             self.output_norm = make_normalization(
-                getattr(template, "normalization", "layer_norm"),
-                getattr(template, "epsilon", 1e-5),
+                template.normalization,
+                template.epsilon,
                 self.dtype_policy,
                 "output_norm",
             )
@@ -129,21 +142,23 @@ class TransformerStack(keras.layers.Layer):
         use_causal_mask=None,
         cache=None,
         cache_index=None,
-        attention_bias=None,
-        attention_multiplier=None,
         training=None,
+        mixer_options=None,
+        **kwargs,
     ):
         if cache is not None and len(cache) != self.num_layers:
             raise ValueError(
                 f"cache must hold one entry per layer ({self.num_layers}). Received: "
                 f"{len(cache)} entries"
             )
+        kwargs = mixer_arguments(kwargs, mixer_options)
         outputs = inputs
         new_caches = []
+        collected = {}
         shared_weights = None
         for index, block in enumerate(self.blocks):
             sharing = self._sharing_arguments(index, shared_weights)
-            outputs = block(
+            results = block(
                 outputs,
                 padding_mask=padding_mask,
                 attention_mask=attention_mask,
@@ -152,22 +167,30 @@ class TransformerStack(keras.layers.Layer):
                 use_causal_mask=use_causal_mask,
                 cache=None if cache is None else cache[index],
                 cache_index=cache_index,
-                attention_bias=attention_bias,
-                attention_multiplier=attention_multiplier,
                 training=training,
-                **sharing,
+                **dict(kwargs, **sharing),
             )
-            if sharing.get("return_attention_scores"):
-                outputs, shared_weights, *rest = outputs
-                outputs = (outputs, *rest) if rest else outputs
-            if cache is not None:
-                outputs, layer_cache = outputs
-                new_caches.append(layer_cache)
+            outputs, layer_cache, extras = split_results(results, cache is not None)
+            new_caches.append(layer_cache)
+            if extras is None:
+                continue
+            if "return_attention_scores" in sharing:
+                shared_weights = extras["attention_scores"]
+            if "return_attention_scores" not in sharing or kwargs.get("return_attention_scores"):
+                for key, value in extras.items():
+                    collected.setdefault(key, [None] * self.num_layers)[index] = value
         if self.output_norm is not None:
             outputs = self.output_norm(outputs)
-        if cache is None:
-            return outputs
-        return outputs, tuple(new_caches)
+        return self._results(outputs, new_caches, collected, cache is not None)
+
+    def _results(self, outputs, new_caches, collected, has_cache):
+        if not collected:
+            return (outputs, tuple(new_caches)) if has_cache else outputs
+        results = {key: tuple(values) for key, values in collected.items()}
+        results["outputs"] = outputs
+        if has_cache:
+            results["cache"] = tuple(new_caches)
+        return results
 
     def _sharing_arguments(self, index, shared_weights):
         """Layer `index` returns its weights when it starts a sharing group that has later
@@ -184,11 +207,19 @@ class TransformerStack(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, *args, cache=None, **kwargs):
+    def compute_output_spec(self, inputs, *args, cache=None, mixer_options=None, **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        if cache is None:
-            return outputs
-        return outputs, _new_specs(tuple(cache))
+        new_caches = [None] * self.num_layers if cache is None else list(new_specs(tuple(cache)))
+        extra = mixer_arguments(kwargs, mixer_options)
+        collected = {}
+        if extra:
+            for index, block in enumerate(self.blocks):
+                layer_cache = None if cache is None else cache[index]
+                spec = block.compute_output_spec(inputs, cache=layer_cache, **extra)
+                extras = split_results(spec, cache is not None)[2]
+                for key, value in (extras or {}).items():
+                    collected.setdefault(key, [None] * self.num_layers)[index] = value
+        return self._results(outputs, new_caches, collected, cache is not None)
 
     def get_config(self):
         config = super().get_config()

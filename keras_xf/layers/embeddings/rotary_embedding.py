@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.attention.position_hook import PositionHook
 from keras_xf.ops.checks import check_positions
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rank
@@ -10,7 +11,7 @@ from keras_xf.ops.positions import apply_rotary
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class RotaryEmbedding(keras.layers.Layer):
+class RotaryEmbedding(PositionHook):
     """Rotates each pair of head features by the angle `θ_{j,k} = j · base^{-2k/d_h}`.
 
     Used as the `position=` plug point of `MultiHeadAttention`: `rotate(q, k, …)` rotates the
@@ -34,6 +35,8 @@ class RotaryEmbedding(keras.layers.Layer):
     >>> rope = RotaryEmbedding()
     >>> q = rope(keras.random.normal((2, 8, 4, 16)))
     """
+
+    rotates_pairs = True
 
     def __init__(self, max_wavelength=10000.0, scaling_factor=1.0, **kwargs):
         super().__init__(**kwargs)

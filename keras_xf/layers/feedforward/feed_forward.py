@@ -1,8 +1,8 @@
 """Position-wise feed-forward network with ReLU, GELU, SiLU and gated (GLU) variants (survey §2.5)."""
 
 import keras
-from keras import ops
 
+from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_width
@@ -17,7 +17,7 @@ def _clone_initializer(initializer):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class FeedForward(keras.layers.Layer):
+class FeedForward(FeedForwardLayer):
     """`FFN(H) = σ(H W_h + b_h) W_f + b_f` (survey §2.5), or its gated form.
 
     With `activation="swiglu"` / `"geglu"` the hidden layer is the gated linear unit

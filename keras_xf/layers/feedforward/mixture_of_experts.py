@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_xf.layers.feedforward.feed_forward import ACTIVATIONS
 from keras_xf.layers.feedforward.feed_forward import FeedForward
+from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.feedforward.moe_statistics import RouterStatistics
 from keras_xf.layers.feedforward.router import Router
 from keras_xf.layers.feedforward.router import validate_routing
@@ -50,7 +51,7 @@ def _stacked_initializer(initializer, num_experts, slices):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class MixtureOfExperts(keras.layers.Layer):
+class MixtureOfExperts(FeedForwardLayer):
     """`H_out = Σ_{i∈π} g_i(H_in) · FFN_i(H_in)` with top-k routing (survey §4.4, §5.6).
 
     A `Router` picks the `k` experts `π` of each token and their gates `g_i`; each token is

@@ -5,13 +5,14 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class ProductKeyMemory(keras.layers.Layer):
+class ProductKeyMemory(FeedForwardLayer):
     """Product-key memory `m(x) = Σ_{i ∈ I} Softmax(s_I)_i · v_i`, a position-wise layer.
 
     Survey §5.3.2 (sub-space models): the `d_k`-dimensional query `q(x) = x W_q + b_q` is cut

@@ -12,6 +12,7 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rate
@@ -35,7 +36,7 @@ def depthwise(padded, kernel):
     return ops.depthwise_conv(padded, kernel[:, :, None], strides=1, padding="valid")
 
 
-class SequenceConvolution(keras.layers.Layer):
+class SequenceConvolution(SequenceMixer):
     """Base of the convolutional mixers: the cache protocol around a size-`K` convolution."""
 
     # The cache is the rolling window of the last K − 1 inputs: each token enters it once.

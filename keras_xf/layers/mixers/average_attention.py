@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_sequence_width
@@ -13,7 +14,7 @@ from keras_xf.ops.checks import get_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class AverageAttention(keras.layers.Layer):
+class AverageAttention(SequenceMixer):
     """The average attention network (Zhang et al. 2018): every position reads the mean of
     the values before it, through a gate.
 

@@ -7,16 +7,17 @@ import numpy as np
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.head_projections import INTO_HEADS
+from keras_xf.layers.head_projections import OUT_OF_HEADS
+from keras_xf.layers.head_projections import head_projection
+from keras_xf.layers.head_projections import project
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_sequence_width
 from keras_xf.ops.checks import check_states
 from keras_xf.ops.checks import get_initializer
-from keras_xf.layers.head_projections import INTO_HEADS
-from keras_xf.layers.head_projections import OUT_OF_HEADS
-from keras_xf.layers.head_projections import head_projection
-from keras_xf.layers.head_projections import project
 from keras_xf.ops.convolution import pad_sequence
 from keras_xf.ops.convolution import rolling_cache
 from keras_xf.ops.linear_attention import causal_linear_attention
@@ -43,7 +44,7 @@ def _logit(p):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class LinearAttention(keras.layers.Layer):
+class LinearAttention(SequenceMixer):
     """Multi-head linear attention: `Att = D⁻¹ Q′(K′ᵀV)` with `Q′ = φ(Q)`, `K′ = φ(K)`.
 
     Survey §5.3.2 ("Reducing d": the kernelised attention `α_ij ≈ φ(q_i)φ(k_j)ᵀ /

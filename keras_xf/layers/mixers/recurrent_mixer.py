@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_sequence_width
@@ -14,7 +15,7 @@ CELLS = ("lstm", "gru")
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class RecurrentMixer(keras.layers.Layer):
+class RecurrentMixer(SequenceMixer):
     """A recurrent network (Keras `LSTM` or `GRU`) in the place of self-attention.
 
     Survey §5.5.2: the linear model `z_i = f(a·z_{i−1} + b·s_i)` (Eq. linear-base-model)

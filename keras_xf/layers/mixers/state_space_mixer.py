@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
@@ -77,7 +78,7 @@ def discretize(discretization, dt, a_real, a_imag, b_real, b_imag):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class StateSpaceMixer(keras.layers.Layer):
+class StateSpaceMixer(SequenceMixer):
     """A diagonal state-space model per channel as a causal sequence mixer (survey §5.5.3).
 
     Each of the `d` channels is a single-input single-output system with a diagonal state

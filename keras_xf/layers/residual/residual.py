@@ -2,7 +2,12 @@
 
 import keras
 
-from keras_xf.layers.cloning import clone_layer
+from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import join_results
+from keras_xf.layers.block_contract import mixer_arguments
+from keras_xf.layers.block_contract import new_specs
+from keras_xf.layers.block_contract import split_results
+from keras_xf.layers.cloning import as_layer
 
 NORM_PLACEMENTS = ("post", "pre")
 NORMALIZATIONS = ("layer_norm", "rms_norm")
@@ -31,16 +36,17 @@ def validate_normalization(normalization, norm_placement, dropout):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class Residual(keras.layers.Layer):
+class Residual(PassesMixerArguments, keras.layers.Layer):
     """Wraps a sub-layer `F` with a residual connection and a normalisation.
 
     Post-norm: `H_out = LNorm(F(H_in) + H_in)`; pre-norm: `H_out = F(LNorm(H_in)) + H_in`
-    (survey §2.4). Dropout is applied to `F`'s output before the addition. Extra call
-    arguments are passed to `F`; if `F` returns a tuple (outputs, cache, …) the residual
-    applies to the first element and the rest is passed through.
+    (survey §2.4). Dropout is applied to `F`'s output before the addition. The generic call
+    arguments below are passed to `F` when given; any other keyword argument (e.g.
+    `attention_bias`, `return_attention_scores`, or one a new mixer adds) is passed to `F`
+    unchanged, so a new sub-layer needs no change here.
 
     Args:
-        layer: the sub-layer `F` (width-preserving).
+        layer: the sub-layer `F` (width-preserving), or its serialised config.
         norm_placement: `"post"` (survey default) or `"pre"`.
         normalization: `"layer_norm"` or `"rms_norm"` (Keras core layers; computed in float32).
         dropout: float in [0, 1), residual dropout.
@@ -50,13 +56,15 @@ class Residual(keras.layers.Layer):
     Call arguments:
         inputs: `[B, T, d]`.
         context: optional second input of `F` (the encoder outputs of cross-attention).
-        padding_mask, attention_mask, use_causal_mask, cache, cache_index, attention_bias,
-            attention_multiplier, attention_weights, return_attention_scores: passed to `F`
-            when given.
+        padding_mask, attention_mask, use_causal_mask, cache, cache_index: passed to `F` when
+            not `None`.
         training: bool.
+        mixer_options, **kwargs: passed to `F` when not `None` (`PassesMixerArguments`
+            carries the Python values in `mixer_options`, the tensors in `kwargs`).
 
     Returns:
-        `[B, T, d]`, or a tuple whose first element is that when `F` returns a tuple.
+        As `F` under the block contract, with its outputs `y` replaced by the residual
+        result: `[B, T, d]`, `(outputs, new_cache)`, or a dict whose `"outputs"` is replaced.
 
     Example:
     >>> block = Residual(FeedForward(64), norm_placement="pre")
@@ -74,9 +82,7 @@ class Residual(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         validate_normalization(normalization, norm_placement, dropout)
-        if not isinstance(layer, keras.layers.Layer):
-            layer = clone_layer(layer)
-        self.layer = layer
+        self.layer = as_layer(layer, "layer")
         self.norm_placement = norm_placement
         self.normalization = normalization
         self.dropout = dropout
@@ -102,48 +108,44 @@ class Residual(keras.layers.Layer):
         use_causal_mask=None,
         cache=None,
         cache_index=None,
-        attention_bias=None,
-        attention_multiplier=None,
-        attention_weights=None,
-        return_attention_scores=None,
         training=None,
+        mixer_options=None,
+        **kwargs,
     ):
         hidden = self.norm(inputs) if self.norm_placement == "pre" else inputs
         args = () if context is None else (context,)
-        kwargs = {
+        named = {
             "padding_mask": padding_mask,
             "attention_mask": attention_mask,
             "use_causal_mask": use_causal_mask,
             "cache": cache,
             "cache_index": cache_index,
-            "attention_bias": attention_bias,
-            "attention_multiplier": attention_multiplier,
-            "attention_weights": attention_weights,
-            "return_attention_scores": return_attention_scores or None,
         }
-        kwargs = {key: value for key, value in kwargs.items() if value is not None}
-        outputs = self.layer(hidden, *args, training=training, **kwargs)
-        rest = ()
-        if isinstance(outputs, (tuple, list)):
-            outputs, rest = outputs[0], tuple(outputs[1:])
+        named = {key: value for key, value in named.items() if value is not None}
+        results = self.layer(
+            hidden, *args, training=training, **named, **mixer_arguments(kwargs, mixer_options)
+        )
+        outputs, new_cache, extras = split_results(results, cache is not None)
         outputs = self.dropout_layer(outputs, training=training) + inputs
         if self.norm_placement == "post":
             outputs = self.norm(outputs)
-        return (outputs,) + rest if rest else outputs
+        return join_results(outputs, new_cache, extras, cache is not None)
 
     def compute_output_shape(self, inputs_shape, context_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, context=None, cache=None, **kwargs):
+    def compute_output_spec(self, inputs, context=None, cache=None, mixer_options=None,
+                            **kwargs):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        if kwargs.get("return_attention_scores"):
-            args = () if context is None else (context,)
-            return (outputs,) + tuple(
-                self.layer.compute_output_spec(inputs, *args, cache=cache, **kwargs)[1:]
-            )
-        if cache is None:
-            return outputs
-        return outputs, keras.KerasTensor(cache.shape, dtype=cache.dtype)
+        extra = mixer_arguments(kwargs, mixer_options)
+        if not extra:
+            return join_results(outputs, new_specs(cache), None, cache is not None)
+        args = () if context is None else (context,)
+        if cache is not None:
+            extra["cache"] = cache
+        layer_spec = self.layer.compute_output_spec(inputs, *args, **extra)
+        _, new_cache, extras = split_results(layer_spec, cache is not None)
+        return join_results(outputs, new_cache, extras, cache is not None)
 
     def get_config(self):
         config = super().get_config()

@@ -52,7 +52,7 @@ def check_layer_outputs(layer, x, expected, **call_kwargs):
     """Fused and explicit paths (`return_attention_scores=True`) both match `expected`."""
     out = checks.to_numpy(layer(x, **call_kwargs))
     np.testing.assert_allclose(out, expected, atol=1e-4, rtol=1e-4)
-    explicit, _ = layer(x, return_attention_scores=True, **call_kwargs)
+    explicit, _ = checks.split_scores(layer(x, return_attention_scores=True, **call_kwargs))
     np.testing.assert_allclose(checks.to_numpy(explicit), expected, atol=1e-4, rtol=1e-4)
 
 
@@ -82,7 +82,7 @@ def check_mixed_precision(make_hook, rng, policy):
             {"padding_mask": mask, "use_causal_mask": True, **kwargs},
             policy=policy,
         )
-    outputs, weights = out
+    outputs, weights = checks.split_scores(out)
     assert keras.backend.standardize_dtype(outputs.dtype) == keras.DTypePolicy(policy).compute_dtype
     np.testing.assert_array_equal(checks.to_numpy(weights)[1], 0.0)
 

@@ -217,7 +217,7 @@ def test_inside_attention_matches_numpy_attention(rng, name):
         x.astype("float64"), x.astype("float64"), _mha_weights(layer), H, kv_heads, mask=mask
     )
     np.testing.assert_allclose(out, expected, atol=1e-4, rtol=1e-4)
-    explicit, weights = layer(x, padding_mask=padding, use_causal_mask=True, return_attention_scores=True)
+    explicit, weights = checks.split_scores(layer(x, padding_mask=padding, use_causal_mask=True, return_attention_scores=True))
     np.testing.assert_allclose(_np(explicit), expected, atol=1e-4, rtol=1e-4)
     np.testing.assert_array_equal(_np(weights)[np.broadcast_to(~mask, weights.shape)], 0.0)
 
@@ -370,7 +370,9 @@ def test_causal_lm_trains(rng, pattern):
         (lambda: ClusteringPattern(num_clusters=1), "Received: num_clusters=1"),
         (lambda: ClusteringPattern(num_clusters=2, decay=1.0), "Received: decay=1.0"),
         (lambda: HybridPattern([]), "patterns must be a non-empty list"),
-        (lambda: PerHeadPattern(["local"]), "patterns must hold AttentionPattern layers"),
+        (lambda: PerHeadPattern(["local"]), "patterns\\[0\\] must be a Keras layer"),
+        (lambda: HybridPattern([DilatedPattern(1), FeedForward(4)]),
+         "patterns\\[1\\] must be an instance of AttentionPattern"),
     ],
 )
 def test_bad_configs_raise(make, match):

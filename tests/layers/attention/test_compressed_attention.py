@@ -104,9 +104,9 @@ def test_matches_reference_with_padding(rng, config, kv_heads, causal):
     expected, expected_weights = _reference(layer, x, padding=padding, causal=causal)
     out = layer(x, padding_mask=padding, use_causal_mask=causal)
     np.testing.assert_allclose(checks.to_numpy(out), expected, atol=1e-4, rtol=1e-4)
-    out, weights = layer(
+    out, weights = checks.split_scores(layer(
         x, padding_mask=padding, use_causal_mask=causal, return_attention_scores=True
-    )
+    ))
     np.testing.assert_allclose(checks.to_numpy(out), expected, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(checks.to_numpy(weights), expected_weights, atol=1e-5)
 
@@ -196,12 +196,12 @@ def test_config_round_trip_fit_and_saving(rng, tmp_path):
 def test_mixed_precision_and_fully_padded_rows(rng, policy, config):
     x = _inputs(rng)
     padding = _padding([8, 0])
-    out, weights = checks.check_mixed_precision(
+    out, weights = checks.split_scores(checks.check_mixed_precision(
         lambda **kw: CompressedAttention(num_heads=2, **config, **kw),
         [x],
         {"padding_mask": padding, "return_attention_scores": True},
         policy=policy,
-    )
+    ))
     assert keras.backend.standardize_dtype(out.dtype) == keras.DTypePolicy(policy).compute_dtype
     assert keras.backend.standardize_dtype(weights.dtype) == "float32"
     np.testing.assert_array_equal(checks.to_numpy(weights)[1], 0.0)

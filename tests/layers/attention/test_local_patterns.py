@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_xf.layers import AlibiBias
 from keras_xf.layers import ChunkedPattern
 from keras_xf.layers import FeedForward
 from keras_xf.layers import LocalPattern
@@ -135,7 +136,7 @@ def test_dense_fallback_when_scores_or_masks_are_needed(rng, spy):
     x = _inputs(rng)
     sparse = checks.to_numpy(layer(x))
     assert len(spy) == 1
-    out, weights = layer(x, return_attention_scores=True)
+    out, weights = checks.split_scores(layer(x, return_attention_scores=True))
     assert len(spy) == 1
     q = keras.ops.zeros((B, T, 2, 8))
     assert layer._block_sparse_applies(q, None, None, None, None, None, False)
@@ -143,7 +144,7 @@ def test_dense_fallback_when_scores_or_masks_are_needed(rng, spy):
                                            None, False)
     assert not layer._block_sparse_applies(q, x, None, None, None, None, False)  # cross
     assert not MultiHeadAttention(num_heads=2, pattern=LocalPattern(2), biases=[
-        RotaryEmbedding()])._block_sparse_applies(q, None, None, None, None, None, False)
+        AlibiBias()])._block_sparse_applies(q, None, None, None, None, None, False)
     np.testing.assert_allclose(checks.to_numpy(out), sparse, atol=1e-5)
     weights = checks.to_numpy(weights)
     allowed = ref.local_field(T, 2, 0) & ref_attention.causal_mask(T)

@@ -128,9 +128,9 @@ def test_self_attention_forms_match_reference(rng, name):
         expected, expected_weights = _expected(layer, x, mask=mask)
         out = layer(x, padding_mask=padding, use_causal_mask=causal)
         np.testing.assert_allclose(_numpy(out), expected, atol=1e-4, rtol=1e-4)
-        out, weights = layer(
+        out, weights = checks.split_scores(layer(
             x, padding_mask=padding, use_causal_mask=causal, return_attention_scores=True
-        )
+        ))
         np.testing.assert_allclose(_numpy(out), expected, atol=1e-4, rtol=1e-4)
         np.testing.assert_allclose(_numpy(weights), expected_weights, atol=1e-5)
 
@@ -146,7 +146,7 @@ def test_predicted_cross_attention_matches_reference(rng, form):
     layer(x, memory)
     _randomize(layer, rng)
     expected, expected_weights = _expected(layer, x, memory, mask=padding[:, None, None, :])
-    out, weights = layer(x, memory, padding_mask=padding, return_attention_scores=True)
+    out, weights = checks.split_scores(layer(x, memory, padding_mask=padding, return_attention_scores=True))
     np.testing.assert_allclose(_numpy(out), expected, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(_numpy(weights), expected_weights, atol=1e-5)
     # The predicted centres move with the queries: the prior is not a fixed matrix.
@@ -159,7 +159,7 @@ def test_fully_masked_rows_give_zeros(rng):
     layer = MultiHeadAttention(num_heads=2, **_all_forms())
     x = _inputs(rng)
     padding = _padding([5, 0], T)
-    out, weights = layer(x, padding_mask=padding, return_attention_scores=True)
+    out, weights = checks.split_scores(layer(x, padding_mask=padding, return_attention_scores=True))
     weights = _numpy(weights)
     assert np.all(np.isfinite(_numpy(out)))
     np.testing.assert_array_equal(weights[1], 0.0)
@@ -224,8 +224,8 @@ def test_mixed_precision(rng, policy):
     capped = MultiHeadAttention(num_heads=2, biases=[LocalityPrior(gamma=1e5)])
     assert np.all(np.isfinite(_numpy(capped(x, padding_mask=padding))))
     cross = MultiHeadAttention(num_heads=2, **_all_forms("predicted"))
-    out, weights = cross(x, memory, padding_mask=_padding([6, 0], S),
-                         return_attention_scores=True)
+    out, weights = checks.split_scores(cross(x, memory, padding_mask=_padding([6, 0], S),
+                         return_attention_scores=True))
     assert keras.backend.standardize_dtype(weights.dtype) == "float32"
     assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in cross.weights)
     assert np.all(np.isfinite(_numpy(out)))

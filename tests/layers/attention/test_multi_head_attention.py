@@ -2,8 +2,11 @@ import keras
 import numpy as np
 import pytest
 
+from keras_xf.layers import AttentionPattern
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import RotaryEmbedding
+from keras_xf.layers import ScoreBias
+from keras_xf.layers import ScoreMultiplier
 from tests import layer_checks as checks
 from tests.reference import attention as ref
 from tests.reference import positions as ref_positions
@@ -13,7 +16,7 @@ B, T, S, D = 2, 5, 6, 16
 
 # Hook layers exercising the score-pipeline plug points (real variants arrive as library layers).
 @keras.saving.register_keras_serializable(package="keras_xf_tests")
-class DistanceBias(keras.layers.Layer):
+class DistanceBias(ScoreBias):
     """Additive bias `-slope_h · |i − j|` per head; optional value term `Σ_j α_ij · c·(j−i)`."""
 
     def __init__(self, num_heads, with_value_term=False, **kwargs):
@@ -39,7 +42,7 @@ class DistanceBias(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf_tests")
-class ScaleMultiplier(keras.layers.Layer):
+class ScaleMultiplier(ScoreMultiplier):
     def call(self, query, key, query_positions, key_positions):
         i = keras.ops.cast(query_positions[:, None], "float32")
         j = keras.ops.cast(key_positions[None, :], "float32")
@@ -47,12 +50,12 @@ class ScaleMultiplier(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf_tests")
-class WindowPattern(keras.layers.Layer):
+class WindowPattern(AttentionPattern):
     def __init__(self, window=2, **kwargs):
         super().__init__(**kwargs)
         self.window = window
 
-    def call(self, query_positions, key_positions):
+    def call(self, query_positions, key_positions, query=None, key=None):
         distance = keras.ops.abs(query_positions[:, None] - key_positions[None, :])
         return distance <= self.window
 
@@ -122,7 +125,7 @@ def test_self_attention_matches_reference(rng, kv_heads, causal):
     )
     out = layer(x, padding_mask=padding, use_causal_mask=causal)
     np.testing.assert_allclose(checks.to_numpy(out), expected, atol=1e-4, rtol=1e-4)
-    out, weights = layer(x, padding_mask=padding, use_causal_mask=causal, return_attention_scores=True)
+    out, weights = checks.split_scores(layer(x, padding_mask=padding, use_causal_mask=causal, return_attention_scores=True))
     np.testing.assert_allclose(checks.to_numpy(out), expected, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(checks.to_numpy(weights), expected_weights, atol=1e-5)
 
@@ -238,7 +241,7 @@ def test_score_pipeline_hooks_match_reference(rng, hooks, reference_kwargs):
     out = checks.to_numpy(layer(x))
     expected = _reference_with_hooks(layer, x, **reference_kwargs)
     np.testing.assert_allclose(out, expected, atol=1e-4, rtol=1e-4)
-    explicit, _ = layer(x, return_attention_scores=True)
+    explicit, _ = checks.split_scores(layer(x, return_attention_scores=True))
     np.testing.assert_allclose(checks.to_numpy(explicit), expected, atol=1e-4, rtol=1e-4)
 
 
@@ -288,9 +291,9 @@ def test_mixed_precision(rng, policy):
         policy=policy,
     )
     assert keras.backend.standardize_dtype(out.dtype) == keras.DTypePolicy(policy).compute_dtype
-    out, weights = MultiHeadAttention(num_heads=2, dtype=policy)(
+    out, weights = checks.split_scores(MultiHeadAttention(num_heads=2, dtype=policy)(
         x, padding_mask=padding, return_attention_scores=True
-    )
+    ))
     assert keras.backend.standardize_dtype(weights.dtype) == "float32"
     np.testing.assert_array_equal(checks.to_numpy(weights)[1], 0.0)
 
@@ -302,7 +305,7 @@ def test_fully_padded_sequence_is_finite(rng, dtype):
     padding = np.zeros((B, T), bool)
     for kwargs in ({}, {"return_attention_scores": True}, {"use_causal_mask": True}):
         out = layer(x, padding_mask=padding, **kwargs)
-        out = out[0] if isinstance(out, tuple) else out
+        out = out["outputs"] if isinstance(out, dict) else out
         assert np.all(np.isfinite(checks.to_numpy(keras.ops.cast(out, "float32"))))
 
 

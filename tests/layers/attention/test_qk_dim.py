@@ -25,7 +25,7 @@ def test_matches_reference(rng, qk_dim, kv_heads):
     layer = MultiHeadAttention(H, num_key_value_heads=kv_heads, qk_dim=qk_dim)
     x = _inputs(rng)
     padding = np.arange(T)[None, :] < np.array([[5], [2]])
-    out, alpha = layer(x, padding_mask=padding, return_attention_scores=True)
+    out, alpha = checks.split_scores(layer(x, padding_mask=padding, return_attention_scores=True))
     w = weights_of(layer)
     assert w["wq"].shape == (D, H, qk_dim) and w["wk"].shape == (D, kv_heads, qk_dim)
     assert w["wv"].shape == (D, kv_heads, D // H)

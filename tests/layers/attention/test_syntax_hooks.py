@@ -60,7 +60,7 @@ def test_matches_reference_with_padding(rng, kind, rank, guided_heads, kv_heads)
     x, m = _inputs(rng), _matrix(rng, rank, kind=kind)
     padding = _padding([5, 3])
     arg = "attention_bias" if kind == "additive" else "attention_multiplier"
-    out, alpha = layer(x, padding_mask=padding, return_attention_scores=True, **{arg: m})
+    out, alpha = checks.split_scores(layer(x, padding_mask=padding, return_attention_scores=True, **{arg: m}))
     mask = padding[:, None, None, :]
     expected, expected_alpha = ref.syntax_attention(
         x, x, weights_of(layer), H, kv_heads, mask=mask, guided_heads=guided_heads,
@@ -72,7 +72,7 @@ def test_matches_reference_with_padding(rng, kind, rank, guided_heads, kv_heads)
     fast = layer(x, padding_mask=padding, **{arg: m})
     np.testing.assert_allclose(checks.to_numpy(fast), expected, atol=1e-4, rtol=1e-4)
     # M changes the outputs (only the guided heads' weights).
-    plain, plain_alpha = layer(x, padding_mask=padding, return_attention_scores=True)
+    plain, plain_alpha = checks.split_scores(layer(x, padding_mask=padding, return_attention_scores=True))
     assert not np.allclose(checks.to_numpy(plain), checks.to_numpy(out), atol=1e-4)
     if guided_heads is not None:
         unguided = [h for h in range(H) if h not in guided_heads]
@@ -101,11 +101,11 @@ def test_fully_masked_rows_and_minus_infinity_give_no_nan(rng):
     add[0, 1, :] = -np.inf  # a row the syntax forbids entirely
     add[1, :, 2] = -np.inf
     padding = _padding([5, 0])  # the second example has no real token
-    out, alpha = layer(
+    out, alpha = checks.split_scores(layer(
         x, padding_mask=padding, attention_bias=add,
         attention_multiplier=_matrix(rng, kind="multiplicative"),
         return_attention_scores=True,
-    )
+    ))
     out, alpha = checks.to_numpy(out), checks.to_numpy(alpha)
     assert np.all(np.isfinite(out)) and np.all(np.isfinite(alpha))
     np.testing.assert_array_equal(alpha[1], 0.0)
@@ -113,7 +113,7 @@ def test_fully_masked_rows_and_minus_infinity_give_no_nan(rng):
     assert np.all(np.isfinite(fused))
     # A forbidden key gets no weight where the row has allowed keys.
     fused_alpha = checks.to_numpy(
-        layer(x, attention_bias=add, return_attention_scores=True)[1]
+        layer(x, attention_bias=add, return_attention_scores=True)["attention_scores"]
     )
     np.testing.assert_allclose(fused_alpha[1, 0, :, 2], 0.0, atol=1e-12)
 

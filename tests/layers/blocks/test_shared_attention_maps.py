@@ -64,7 +64,7 @@ def test_stack_reuses_the_maps_of_each_group(rng, k, groups):
         owner = groups[index]
         kwargs = dict(padding_mask=padding, use_causal_mask=True)
         if owner == index:
-            hidden, maps[index] = block(hidden, return_attention_scores=True, **kwargs)
+            hidden, maps[index] = checks.split_scores(block(hidden, return_attention_scores=True, **kwargs))
         else:
             hidden = block(hidden, attention_weights=maps[owner], **kwargs)
     np.testing.assert_allclose(out, checks.to_numpy(stack.output_norm(hidden)), atol=1e-5)

@@ -1,10 +1,11 @@
 """Argument checks and mask helpers shared by the attention patterns."""
 
-import keras
 import numpy as np
 
 from keras_xf.ops.attention import repeat_kv_heads
 from keras_xf.ops.checks import check_positive_int  # noqa: F401 (used by the patterns)
+from keras_xf.layers.attention.attention_pattern import AttentionPattern
+from keras_xf.layers.cloning import as_layer
 from keras_xf.ops.masks import expand_attention_mask
 
 
@@ -29,21 +30,12 @@ def deserialize_patterns(patterns, argument):
             f"{argument} must be a non-empty list of AttentionPattern layers. "
             f"Received: {argument}={patterns}"
         )
-    layers = []
-    for pattern in patterns:
-        if isinstance(pattern, dict):
-            pattern = keras.saving.deserialize_keras_object(pattern)
-        if not isinstance(pattern, keras.layers.Layer):
-            raise ValueError(
-                f"{argument} must hold AttentionPattern layers. "
-                f"Received: {argument} entry {pattern!r}"
-            )
-        layers.append(pattern)
-    return layers
+    return [as_layer(pattern, f"{argument}[{index}]", kind=AttentionPattern)
+            for index, pattern in enumerate(patterns)]
 
 
 def call_pattern(pattern, query_positions, key_positions, query, key):
-    if getattr(pattern, "uses_states", False):
+    if pattern.uses_states:
         return pattern(query_positions, key_positions, query=query, key=key)
     return pattern(query_positions, key_positions)
 

@@ -38,8 +38,8 @@ class PerHeadPattern(AttentionPattern):
     def __init__(self, patterns, **kwargs):
         super().__init__(**kwargs)
         self.patterns = deserialize_patterns(patterns, "patterns")
-        self.uses_states = any(getattr(p, "uses_states", False) for p in self.patterns)
-        self.supports_decoding = all(getattr(p, "supports_decoding", True) for p in self.patterns)
+        self.uses_states = any(p.uses_states for p in self.patterns)
+        self.supports_decoding = all(p.supports_decoding for p in self.patterns)
 
     def build(self, input_shape=None):
         if input_shape is not None and len(input_shape) == 4:
