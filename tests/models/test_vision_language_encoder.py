@@ -171,7 +171,7 @@ def test_bad_configs_raise(kwargs, match):
 def test_bad_inputs_raise(rng):
     model = make(num_classes=2)
     x = batch(rng)
-    with pytest.raises(ValueError, match=r"1 channels .* images.shape=\(2, 8, 8, 3\)"):
+    with pytest.raises(ValueError, match=r"images must have shape \[batch, 8, 8, 1\].* images.shape=\(2, 8, 8, 3\)"):
         model(dict(x, images=np.zeros((2, 8, 8, 3), "float32")))
     with pytest.raises(ValueError, match="images"):
         model(dict(x, images=np.zeros((2, 4, 8, 1), "float32")))
