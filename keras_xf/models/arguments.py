@@ -11,6 +11,7 @@ import sys
 import keras
 import numpy as np
 
+from keras_xf.layers.heads.pooling import MODES
 from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import serialize_block
 from keras_xf.ops.checks import check_padding_mask
@@ -25,6 +26,7 @@ OPTIONAL_SIZES = ("num_heads", "intermediate_dim", "num_key_value_heads",
                   "source_vocabulary_size", "num_decoder_layers", "num_classes",
                   "projection_dim", "head_intermediate_dim")
 RATES = ("dropout", "head_dropout")
+CHOICES = {"pooling": MODES}
 FLAGS = ("causal", "tie_embeddings", "embedding_scale", "share_embeddings", "class_token",
          "normalize", "gated_cross_attention")
 # The arguments of `default_block` that a model takes under the same names.
@@ -39,7 +41,7 @@ TOKEN_LAYOUT = "[batch, length]"
 def check_model_arguments(arguments):
     """Checks the hyperparameters in `arguments` (an `__init__`'s `locals()`) by name:
     sizes are positive ints (optional ones may be `None`), rates lie in `[0, 1)`, flags are
-    bools. Names a model does not take are skipped."""
+    bools, choices are among their values. Names a model does not take are skipped."""
     for name in SIZES:
         if name in arguments:
             check_positive_int(name, arguments[name])
@@ -52,6 +54,11 @@ def check_model_arguments(arguments):
     for name in FLAGS:
         if name in arguments and not isinstance(arguments[name], bool):
             raise ValueError(f"{name} must be a bool. Received: {name}={arguments[name]!r}")
+    for name, choices in CHOICES.items():
+        if name in arguments and arguments[name] not in choices:
+            raise ValueError(
+                f"{name} must be one of {choices}. Received: {name}={arguments[name]!r}"
+            )
 
 
 def check_image_shape(image_shape, patch_size):

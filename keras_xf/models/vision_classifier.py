@@ -3,7 +3,6 @@
 import keras
 
 from keras_xf.layers.heads.classification_head import ClassificationHead
-from keras_xf.layers.heads.pooling import MODES
 from keras_xf.layers.heads.pooling import Pooling
 from keras_xf.models.arguments import check_model_arguments
 from keras_xf.models.arguments import classifier_compile_defaults
@@ -48,8 +47,6 @@ class VisionClassifier(FunctionalModel):
                  **backbone_kwargs):
         check_model_arguments(locals())
         backbone = task_backbone(backbone, VisionBackbone, dtype, backbone_kwargs)
-        if pooling not in MODES:
-            raise ValueError(f"pooling must be one of {MODES}. Received: pooling={pooling!r}")
         if pooling == "cls" and not backbone.use_class_token:
             raise ValueError(
                 "pooling='cls' needs a backbone with a [CLS] token. Received: pooling='cls', "
