@@ -133,3 +133,35 @@ def split_scores(results, cache=False):
     assert isinstance(results, dict) and set(results) == expected, (type(results), results)
     parts = (results["outputs"], results["attention_scores"])
     return parts + (results["cache"],) if cache else parts
+
+
+def to_float64(x):
+    """A tensor as a float64 numpy array, for comparisons with the numpy references."""
+    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
+
+
+def padding_mask(lengths, length):
+    """A boolean `[batch, length]` mask, true at the first `lengths[b]` positions of row `b`."""
+    return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+
+
+def random_normal(rng, shape):
+    """Standard-normal float32 inputs of `shape`."""
+    return rng.normal(size=shape).astype("float32")
+
+
+def randomize_weights(layer, rng, scale=0.3):
+    """Every weight of `layer` drawn from `N(0, scale²)`, so that no term is near zero."""
+    for weight in layer.weights:
+        weight.assign(rng.normal(size=weight.shape).astype("float32") * scale)
+
+
+def attention_weights(layer):
+    """The projections of a `MultiHeadAttention` as float64 arrays: `wq`, `wk`, `wv`, `wo`
+    (and `bq`, `bk`, `bv`, `bo` with `use_bias`), the arguments of the numpy reference."""
+    denses = {"q": layer.query_dense, "k": layer.key_dense, "v": layer.value_dense,
+              "o": layer.output_dense}
+    weights = {f"w{key}": dense.kernel for key, dense in denses.items()}
+    if layer.use_bias:
+        weights.update({f"b{key}": dense.bias for key, dense in denses.items()})
+    return {key: to_float64(value) for key, value in weights.items()}

@@ -4,14 +4,16 @@ import keras
 
 from keras_xf.ops.backend_specific import register_module_parameters
 from keras_xf.ops.backend_specific import sets_attributes_before_module_init
+from keras_xf.models.arguments import check_model_inputs
 
 
 class FunctionalModel(keras.Model):
     """A functional `keras.Model` whose config holds hyperparameters only.
 
     Subclasses build their layers, wire `keras.Input`s through them, call
-    `super().__init__(inputs, outputs, dtype=…)`, then record their hyperparameters;
-    `from_config` is `cls(**config)`.
+    `super().__init__(inputs, outputs, dtype=…)`, then record their hyperparameters with
+    `arguments.record_config(self, locals())`; `get_config` returns them and `from_config`
+    is `cls(**config)`. Call inputs are checked against the model's named inputs.
     """
 
     def __init__(self, *args, dtype=None, **kwargs):
@@ -32,6 +34,7 @@ class FunctionalModel(keras.Model):
             "name": self.name,
             "trainable": self.trainable,
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            **getattr(self, "_hyperparameters", {}),
         }
 
     @classmethod
@@ -45,6 +48,12 @@ class FunctionalModel(keras.Model):
         self.compile(**config)
         if hasattr(self, "optimizer") and self.built:
             self.optimizer.build(self.trainable_variables)
+
+    def __call__(self, *args, **kwargs):
+        # Checked before Keras' own input checks and any backend op, so that a bad input
+        # raises the same ValueError, naming the input, on every backend.
+        check_model_inputs(self, args[0] if args else kwargs.get("inputs"))
+        return super().__call__(*args, **kwargs)
 
 
 def layer_dtype(dtype):

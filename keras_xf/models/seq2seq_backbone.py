@@ -5,15 +5,14 @@ from keras import ops
 
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_xf.models.arguments import block_template
+from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import record_config
+from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
-from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import prepare_block
-from keras_xf.models.block_factory import serialize_block
-
-
-def _serialized(block):
-    return serialize_block(block)
+from keras_xf.ops.checks import check_padding_mask
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -70,29 +69,14 @@ class Seq2SeqBackbone(FunctionalModel):
         dtype=None,
         **kwargs,
     ):
-        for arg, value in (
-            ("vocabulary_size", vocabulary_size),
-            ("num_layers", num_layers),
-            ("hidden_dim", hidden_dim),
-            ("max_sequence_length", max_sequence_length),
-        ):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{arg} must be a positive int. Received: {arg}={value}")
+        check_model_arguments(locals())
         source_vocabulary = source_vocabulary_size or vocabulary_size
         if share_embeddings and source_vocabulary != vocabulary_size:
             raise ValueError(
                 "share_embeddings needs one vocabulary. Received: vocabulary_size="
                 f"{vocabulary_size}, source_vocabulary_size={source_vocabulary_size}"
             )
-        block_args = dict(
-            num_key_value_heads=num_key_value_heads,
-            activation=activation,
-            norm_placement=norm_placement,
-            normalization=normalization,
-            dropout=dropout,
-        )
-        if block is None:
-            block = default_block(num_heads, intermediate_dim, **block_args)
+        block = block_template(block, locals())
         encoder_template = prepare_block(block, position)
         decoder_template = prepare_block(
             block if decoder_block is None else decoder_block, position, cross_attention=True
@@ -123,87 +107,32 @@ class Seq2SeqBackbone(FunctionalModel):
         )
 
         # Functional model
-        encoder_token_ids = keras.Input(shape=(None,), dtype="int32", name="encoder_token_ids")
-        encoder_padding_mask = keras.Input(
-            shape=(None,), dtype="int32", name="encoder_padding_mask"
-        )
-        decoder_token_ids = keras.Input(shape=(None,), dtype="int32", name="decoder_token_ids")
-        decoder_padding_mask = keras.Input(
-            shape=(None,), dtype="int32", name="decoder_padding_mask"
-        )
-        encoder_mask = ops.cast(encoder_padding_mask, "bool")
+        inputs = {**token_inputs("encoder_"), **token_inputs("decoder_")}
+        encoder_mask = ops.cast(inputs["encoder_padding_mask"], "bool")
         encoded = self.encoder(
-            self.encoder_embeddings(encoder_token_ids), padding_mask=encoder_mask
+            self.encoder_embeddings(inputs["encoder_token_ids"]), padding_mask=encoder_mask
         )
         decoded = self.decoder(
-            self.decoder_embeddings(decoder_token_ids),
-            padding_mask=ops.cast(decoder_padding_mask, "bool"),
+            self.decoder_embeddings(inputs["decoder_token_ids"]),
+            padding_mask=ops.cast(inputs["decoder_padding_mask"], "bool"),
             encoder_outputs=encoded,
             encoder_padding_mask=encoder_mask,
             use_causal_mask=True,
         )
         super().__init__(
-            inputs={
-                "encoder_token_ids": encoder_token_ids,
-                "encoder_padding_mask": encoder_padding_mask,
-                "decoder_token_ids": decoder_token_ids,
-                "decoder_padding_mask": decoder_padding_mask,
-            },
+            inputs=inputs,
             outputs={"encoder_sequence_output": encoded, "decoder_sequence_output": decoded},
             dtype=dtype,
             **kwargs,
         )
 
         # Config
-        self.vocabulary_size = vocabulary_size
-        self.num_layers = num_layers
-        self.hidden_dim = hidden_dim
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.max_sequence_length = max_sequence_length
-        self.block = _serialized(block)
-        self.decoder_block = _serialized(decoder_block)
-        self.source_vocabulary_size = source_vocabulary_size
-        self.share_embeddings = share_embeddings
-        self.num_decoder_layers = num_decoder_layers
-        self.position = position
-        self.num_key_value_heads = num_key_value_heads
-        self.activation = activation
-        self.norm_placement = norm_placement
-        self.normalization = normalization
-        self.dropout = dropout
-        self.tie_embeddings = tie_embeddings
-        self.embedding_scale = embedding_scale
+        record_config(self, locals())
 
     def encode(self, encoder_token_ids, encoder_padding_mask, training=None):
         """Runs the encoder alone: `[B, S]` ids to `[B, S, d]` states."""
+        check_padding_mask(encoder_padding_mask, encoder_token_ids, "encoder_padding_mask",
+                           "encoder_token_ids")
         mask = ops.cast(encoder_padding_mask, "bool")
         embedded = self.encoder_embeddings(encoder_token_ids, training=training)
         return self.encoder(embedded, padding_mask=mask, training=training)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "num_layers": self.num_layers,
-                "hidden_dim": self.hidden_dim,
-                "num_heads": self.num_heads,
-                "intermediate_dim": self.intermediate_dim,
-                "max_sequence_length": self.max_sequence_length,
-                "block": self.block,
-                "decoder_block": self.decoder_block,
-                "source_vocabulary_size": self.source_vocabulary_size,
-                "share_embeddings": self.share_embeddings,
-                "num_decoder_layers": self.num_decoder_layers,
-                "position": self.position,
-                "num_key_value_heads": self.num_key_value_heads,
-                "activation": self.activation,
-                "norm_placement": self.norm_placement,
-                "normalization": self.normalization,
-                "dropout": self.dropout,
-                "tie_embeddings": self.tie_embeddings,
-                "embedding_scale": self.embedding_scale,
-            }
-        )
-        return config

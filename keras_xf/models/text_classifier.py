@@ -5,9 +5,14 @@ from keras import ops
 
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import classifier_compile_defaults
+from keras_xf.models.arguments import record_config
+from keras_xf.models.arguments import task_backbone
+from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.presets import preset_config
-from keras_xf.models.text_encoder import _backbone
+from keras_xf.models.transformer_backbone import TransformerBackbone
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -34,7 +39,8 @@ class TextClassifier(FunctionalModel):
     def __init__(self, num_classes, backbone=None, pooling="mean", head_intermediate_dim=None,
                  head_dropout=0.0, activation=None, name=None, dtype=None, trainable=True,
                  **backbone_kwargs):
-        backbone = _backbone(backbone, dtype, backbone_kwargs)
+        check_model_arguments(locals())
+        backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs)
 
         # Layers
         self.backbone = backbone
@@ -49,10 +55,7 @@ class TextClassifier(FunctionalModel):
         )
 
         # Functional model
-        inputs = {
-            "token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
-            "padding_mask": keras.Input(shape=(None,), dtype="int32", name="padding_mask"),
-        }
+        inputs = token_inputs()
         hidden = backbone(inputs)
         pooled = self.pooling(hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"))
         logits = self.head(pooled)
@@ -60,11 +63,7 @@ class TextClassifier(FunctionalModel):
                          trainable=trainable)
 
         # Config
-        self.num_classes = num_classes
-        self.pooling_mode = pooling
-        self.head_intermediate_dim = head_intermediate_dim
-        self.head_dropout = head_dropout
-        self.activation = activation
+        record_config(self, locals(), attributes={"backbone": None, "pooling": "pooling_mode"})
 
     @classmethod
     def from_preset(cls, preset, num_classes, **overrides):
@@ -73,24 +72,7 @@ class TextClassifier(FunctionalModel):
 
     def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs):
         """Keras `compile` with defaults: AdamW, sparse cross-entropy on logits, accuracy."""
-        if optimizer == "auto":
-            optimizer = keras.optimizers.AdamW(1e-3, weight_decay=0.01)
-        if loss == "auto":
-            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=self.activation is None)
-        if metrics == "auto":
-            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_classes": self.num_classes,
-                "backbone": keras.saving.serialize_keras_object(self.backbone),
-                "pooling": self.pooling_mode,
-                "head_intermediate_dim": self.head_intermediate_dim,
-                "head_dropout": self.head_dropout,
-                "activation": self.activation,
-            }
+        optimizer, loss, metrics = classifier_compile_defaults(
+            optimizer, loss, metrics, from_logits=self.activation is None
         )
-        return config
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)

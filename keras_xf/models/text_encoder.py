@@ -4,21 +4,13 @@ import keras
 from keras import ops
 
 from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import record_config
+from keras_xf.models.arguments import task_backbone
+from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.presets import preset_config
 from keras_xf.models.transformer_backbone import TransformerBackbone
-
-
-def _backbone(backbone, dtype, backbone_kwargs):
-    if backbone is not None and backbone_kwargs:
-        raise ValueError(
-            f"Pass either a backbone or backbone arguments. Received both: {sorted(backbone_kwargs)}"
-        )
-    if backbone is None:
-        return TransformerBackbone(dtype=dtype, **backbone_kwargs)
-    if not isinstance(backbone, keras.Model):
-        return keras.saving.deserialize_keras_object(backbone)
-    return backbone
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -43,8 +35,9 @@ class TextEncoder(FunctionalModel):
 
     def __init__(self, backbone=None, pooling="mean", projection_dim=None, normalize=True,
                  name=None, dtype=None, trainable=True, **backbone_kwargs):
-        backbone = _backbone(backbone, dtype, backbone_kwargs)
-        if getattr(backbone, "causal", False):
+        check_model_arguments(locals())
+        backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs)
+        if backbone.causal:
             raise ValueError("TextEncoder needs a non-causal backbone (causal=False).")
 
         # Layers
@@ -57,10 +50,7 @@ class TextEncoder(FunctionalModel):
             )
 
         # Functional model
-        inputs = {
-            "token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
-            "padding_mask": keras.Input(shape=(None,), dtype="int32", name="padding_mask"),
-        }
+        inputs = token_inputs()
         hidden = backbone(inputs)
         pooled = self.pooling(hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"))
         if self.projection is not None:
@@ -74,9 +64,7 @@ class TextEncoder(FunctionalModel):
                          trainable=trainable)
 
         # Config
-        self.pooling_mode = pooling
-        self.projection_dim = projection_dim
-        self.normalize = normalize
+        record_config(self, locals(), attributes={"backbone": None, "pooling": "pooling_mode"})
 
     @classmethod
     def from_preset(cls, preset, **overrides):
@@ -88,18 +76,6 @@ class TextEncoder(FunctionalModel):
         a = ops.convert_to_numpy(self.predict_on_batch(inputs_a))
         b = ops.convert_to_numpy(self.predict_on_batch(inputs_b))
         return cosine_similarity(a, b)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "backbone": keras.saving.serialize_keras_object(self.backbone),
-                "pooling": self.pooling_mode,
-                "projection_dim": self.projection_dim,
-                "normalize": self.normalize,
-            }
-        )
-        return config
 
 
 def cosine_similarity(a, b, axis=-1):

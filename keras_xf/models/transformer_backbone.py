@@ -5,11 +5,13 @@ from keras import ops
 
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_xf.models.arguments import block_template
+from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import record_config
+from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
-from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import prepare_block
-from keras_xf.models.block_factory import serialize_block
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -75,24 +77,8 @@ class TransformerBackbone(FunctionalModel):
         dtype=None,
         **kwargs,
     ):
-        for arg, value in (
-            ("vocabulary_size", vocabulary_size),
-            ("num_layers", num_layers),
-            ("hidden_dim", hidden_dim),
-            ("max_sequence_length", max_sequence_length),
-        ):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{arg} must be a positive int. Received: {arg}={value}")
-        if block is None:
-            block = default_block(
-                num_heads,
-                intermediate_dim,
-                num_key_value_heads=num_key_value_heads,
-                activation=activation,
-                norm_placement=norm_placement,
-                normalization=normalization,
-                dropout=dropout,
-            )
+        check_model_arguments(locals())
+        block = block_template(block, locals())
         template = prepare_block(block, position)
         policy = layer_dtype(dtype)
 
@@ -117,63 +103,21 @@ class TransformerBackbone(FunctionalModel):
         )
 
         # Functional model
-        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-        padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        hidden = self.embeddings(token_ids)
+        inputs = token_inputs()
+        hidden = self.embeddings(inputs["token_ids"])
         hidden = self.transformer_stack(
-            hidden, padding_mask=ops.cast(padding_mask, "bool"), use_causal_mask=causal
+            hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"), use_causal_mask=causal
         )
         super().__init__(
-            inputs={"token_ids": token_ids, "padding_mask": padding_mask},
+            inputs=inputs,
             outputs=hidden,
             dtype=dtype,
             **kwargs,
         )
 
         # Config
-        self.vocabulary_size = vocabulary_size
-        self.num_layers = num_layers
-        self.hidden_dim = hidden_dim
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.max_sequence_length = max_sequence_length
-        self.block = serialize_block(block)
-        self.position = position
-        self.causal = causal
-        self.num_key_value_heads = num_key_value_heads
-        self.activation = activation
-        self.norm_placement = norm_placement
-        self.normalization = normalization
-        self.dropout = dropout
-        self.tie_embeddings = tie_embeddings
-        self.embedding_scale = embedding_scale
-        self.share_attention_maps = share_attention_maps
+        record_config(self, locals())
 
     @property
     def token_embedding(self):
         return self.embeddings.token_embedding
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "num_layers": self.num_layers,
-                "hidden_dim": self.hidden_dim,
-                "num_heads": self.num_heads,
-                "intermediate_dim": self.intermediate_dim,
-                "max_sequence_length": self.max_sequence_length,
-                "block": self.block,
-                "position": self.position,
-                "causal": self.causal,
-                "num_key_value_heads": self.num_key_value_heads,
-                "activation": self.activation,
-                "norm_placement": self.norm_placement,
-                "normalization": self.normalization,
-                "dropout": self.dropout,
-                "tie_embeddings": self.tie_embeddings,
-                "embedding_scale": self.embedding_scale,
-                "share_attention_maps": self.share_attention_maps,
-            }
-        )
-        return config

@@ -1,46 +1,20 @@
 """Vision Transformer backbone: image patches through a Transformer encoder (survey §6.4)."""
 
-import numbers
-
 import keras
 
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.class_token import ClassToken
 from keras_xf.layers.embeddings.patch_embedding import PatchEmbedding
 from keras_xf.layers.embeddings.patch_position_embedding import PatchPositionEmbedding
+from keras_xf.models.arguments import block_template
+from keras_xf.models.arguments import check_image_shape
+from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import record_config
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
-from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import prepare_block
 
 POSITIONS = ("learned", "sinusoidal_2d", "none")
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
-    return int(value)
-
-
-def _image_shape(image_shape, patch_size):
-    try:
-        shape = tuple(image_shape)
-    except TypeError:
-        shape = ()
-    if len(shape) != 3 or any(
-        isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0 for v in shape
-    ):
-        raise ValueError(
-            "image_shape must be (height, width, channels) of positive ints. "
-            f"Received: image_shape={image_shape!r}"
-        )
-    height, width, _ = shape
-    if height % patch_size or width % patch_size:
-        raise ValueError(
-            "The image height and width must be divisible by patch_size. Received: "
-            f"image_shape={shape}, patch_size={patch_size}"
-        )
-    return tuple(int(v) for v in shape)
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -100,26 +74,11 @@ class VisionBackbone(FunctionalModel):
         dtype=None,
         **kwargs,
     ):
-        patch_size = _positive_int("patch_size", patch_size)
-        image_shape = _image_shape(image_shape, patch_size)
-        num_layers = _positive_int("num_layers", num_layers)
-        hidden_dim = _positive_int("hidden_dim", hidden_dim)
+        check_model_arguments(locals())
+        image_shape = check_image_shape(image_shape, patch_size)
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}. Received: positions={positions!r}")
-        if not isinstance(class_token, bool):
-            raise ValueError(f"class_token must be a bool. Received: class_token={class_token!r}")
-        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be a float in [0, 1). Received: dropout={dropout!r}")
-        if block is None:
-            block = default_block(
-                num_heads,
-                intermediate_dim,
-                num_key_value_heads=num_key_value_heads,
-                activation=activation,
-                norm_placement=norm_placement,
-                normalization=normalization,
-                dropout=dropout,
-            )
+        block = block_template(block, locals())
         template = prepare_block(block, "none")
         policy = layer_dtype(dtype)
         grid = (image_shape[0] // patch_size, image_shape[1] // patch_size)
@@ -156,21 +115,7 @@ class VisionBackbone(FunctionalModel):
         super().__init__(inputs={"images": images}, outputs=hidden, dtype=dtype, **kwargs)
 
         # Config
-        self.image_shape = image_shape
-        self.patch_size = patch_size
-        self.num_layers = num_layers
-        self.hidden_dim = hidden_dim
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.block = keras.saving.serialize_keras_object(block) if isinstance(
-            block, keras.layers.Layer) else block
-        self.positions = positions
-        self.use_class_token = class_token
-        self.num_key_value_heads = num_key_value_heads
-        self.activation = activation
-        self.norm_placement = norm_placement
-        self.normalization = normalization
-        self.dropout = dropout
+        record_config(self, locals(), attributes={"class_token": "use_class_token"})
 
     @property
     def grid_size(self):
@@ -185,25 +130,3 @@ class VisionBackbone(FunctionalModel):
     def num_prefix_tokens(self):
         """Positions before the patches in the output (1 with a `[CLS]` token, else 0)."""
         return int(self.use_class_token)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "image_shape": list(self.image_shape),
-                "patch_size": self.patch_size,
-                "num_layers": self.num_layers,
-                "hidden_dim": self.hidden_dim,
-                "num_heads": self.num_heads,
-                "intermediate_dim": self.intermediate_dim,
-                "block": self.block,
-                "positions": self.positions,
-                "class_token": self.use_class_token,
-                "num_key_value_heads": self.num_key_value_heads,
-                "activation": self.activation,
-                "norm_placement": self.norm_placement,
-                "normalization": self.normalization,
-                "dropout": self.dropout,
-            }
-        )
-        return config

@@ -3,26 +3,13 @@
 import keras
 
 from keras_xf.layers.heads.classification_head import ClassificationHead
-from keras_xf.layers.heads.pooling import MODES
 from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import classifier_compile_defaults
+from keras_xf.models.arguments import record_config
+from keras_xf.models.arguments import task_backbone
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.vision_backbone import VisionBackbone
-
-
-def _vision_backbone(backbone, dtype, backbone_kwargs):
-    if backbone is not None and backbone_kwargs:
-        raise ValueError(
-            f"Pass either a backbone or backbone arguments. Received both: {sorted(backbone_kwargs)}"
-        )
-    if backbone is None:
-        return VisionBackbone(dtype=dtype, **backbone_kwargs)
-    if not isinstance(backbone, keras.Model):
-        backbone = keras.saving.deserialize_keras_object(backbone)
-    if not isinstance(backbone, VisionBackbone):
-        raise ValueError(
-            f"backbone must be a VisionBackbone. Received: backbone={type(backbone).__name__}"
-        )
-    return backbone
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -58,9 +45,8 @@ class VisionClassifier(FunctionalModel):
     def __init__(self, num_classes, backbone=None, pooling="cls", head_intermediate_dim=None,
                  head_dropout=0.0, activation=None, name=None, dtype=None, trainable=True,
                  **backbone_kwargs):
-        backbone = _vision_backbone(backbone, dtype, backbone_kwargs)
-        if pooling not in MODES:
-            raise ValueError(f"pooling must be one of {MODES}. Received: pooling={pooling!r}")
+        check_model_arguments(locals())
+        backbone = task_backbone(backbone, VisionBackbone, dtype, backbone_kwargs)
         if pooling == "cls" and not backbone.use_class_token:
             raise ValueError(
                 "pooling='cls' needs a backbone with a [CLS] token. Received: pooling='cls', "
@@ -89,32 +75,11 @@ class VisionClassifier(FunctionalModel):
                          trainable=trainable)
 
         # Config
-        self.num_classes = num_classes
-        self.pooling_mode = pooling
-        self.head_intermediate_dim = head_intermediate_dim
-        self.head_dropout = head_dropout
-        self.activation = activation
+        record_config(self, locals(), attributes={"backbone": None, "pooling": "pooling_mode"})
 
     def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs):
         """Keras `compile` with defaults: AdamW, sparse cross-entropy on logits, accuracy."""
-        if optimizer == "auto":
-            optimizer = keras.optimizers.AdamW(1e-3, weight_decay=0.05)
-        if loss == "auto":
-            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=self.activation is None)
-        if metrics == "auto":
-            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_classes": self.num_classes,
-                "backbone": keras.saving.serialize_keras_object(self.backbone),
-                "pooling": self.pooling_mode,
-                "head_intermediate_dim": self.head_intermediate_dim,
-                "head_dropout": self.head_dropout,
-                "activation": self.activation,
-            }
+        optimizer, loss, metrics = classifier_compile_defaults(
+            optimizer, loss, metrics, from_logits=self.activation is None, weight_decay=0.05
         )
-        return config
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)

@@ -1,7 +1,5 @@
 """Single-stream vision-language encoder over text tokens and image patches (survey §6.5, ViLT)."""
 
-import numbers
-
 import keras
 from keras import ops
 
@@ -13,39 +11,17 @@ from keras_xf.layers.embeddings.patch_embedding import PatchEmbedding
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.models.arguments import block_template
+from keras_xf.models.arguments import check_image_shape
+from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import classifier_compile_defaults
+from keras_xf.models.arguments import record_config
+from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
-from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import prepare_block
 
-INPUTS = ("token_ids", "padding_mask", "images")
 TEXT, IMAGE = 0, 1
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
-    return int(value)
-
-
-def _image_shape(image_shape, patch_size):
-    if (
-        not isinstance(image_shape, (tuple, list))
-        or len(image_shape) != 3
-        or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s <= 0
-               for s in image_shape)
-    ):
-        raise ValueError(
-            "image_shape must be three positive ints (height, width, channels). Received: "
-            f"image_shape={image_shape!r}"
-        )
-    height, width, channels = (int(s) for s in image_shape)
-    if height % patch_size or width % patch_size:
-        raise ValueError(
-            "The image height and width must be divisible by patch_size. Received: "
-            f"image_shape={(height, width, channels)}, patch_size={patch_size}"
-        )
-    return height, width, channels
 
 
 def _resampler(resampler, policy):
@@ -140,28 +116,10 @@ class VisionLanguageEncoder(FunctionalModel):
         dtype=None,
         trainable=True,
     ):
-        for arg, value in (
-            ("vocabulary_size", vocabulary_size),
-            ("patch_size", patch_size),
-            ("num_layers", num_layers),
-            ("hidden_dim", hidden_dim),
-            ("max_sequence_length", max_sequence_length),
-        ):
-            _positive_int(arg, value)
-        image_shape = _image_shape(image_shape, patch_size)
+        check_model_arguments(locals())
+        image_shape = check_image_shape(image_shape, patch_size)
         num_patches = (image_shape[0] // patch_size) * (image_shape[1] // patch_size)
-        if num_classes is not None:
-            _positive_int("num_classes", num_classes)
-        if block is None:
-            block = default_block(
-                num_heads,
-                intermediate_dim,
-                num_key_value_heads=num_key_value_heads,
-                activation=activation,
-                norm_placement=norm_placement,
-                normalization=normalization,
-                dropout=dropout,
-            )
+        block = block_template(block, locals())
         template = prepare_block(block, "learned")
         policy = layer_dtype(dtype)
 
@@ -194,8 +152,7 @@ class VisionLanguageEncoder(FunctionalModel):
 
         # Functional model
         inputs = {
-            "token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
-            "padding_mask": keras.Input(shape=(None,), dtype="int32", name="padding_mask"),
+            **token_inputs(),
             "images": keras.Input(shape=image_shape, dtype="float32", name="images"),
         }
         token_ids = inputs["token_ids"]
@@ -222,28 +179,8 @@ class VisionLanguageEncoder(FunctionalModel):
                          trainable=trainable)
 
         # Config
-        self.vocabulary_size = vocabulary_size
-        self.image_shape = image_shape
-        self.patch_size = patch_size
-        self.num_layers = num_layers
-        self.hidden_dim = hidden_dim
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.max_sequence_length = max_sequence_length
-        self.num_classes = num_classes
-        self.pooling_mode = pooling
-        self.block = keras.saving.serialize_keras_object(block) if isinstance(
-            block, keras.layers.Layer) else block
-        self.resampler_config = None if resampler is None else (
-            keras.saving.serialize_keras_object(resampler)
-            if isinstance(resampler, keras.layers.Layer) else resampler)
-        self.num_key_value_heads = num_key_value_heads
-        self.activation = activation
-        self.norm_placement = norm_placement
-        self.normalization = normalization
-        self.dropout = dropout
-        self.head_intermediate_dim = head_intermediate_dim
-        self.head_dropout = head_dropout
+        record_config(self, locals(),
+                      attributes={"pooling": "pooling_mode", "resampler": "resampler_config"})
 
     @property
     def num_image_tokens(self):
@@ -259,71 +196,11 @@ class VisionLanguageEncoder(FunctionalModel):
         return keras.Model(self.input, {"sequence_output": self.transformer_stack.output,
                                         "pooled_output": self.pooling.output})
 
-    def _check_inputs(self, inputs):
-        if not isinstance(inputs, dict):
-            raise ValueError(
-                f"VisionLanguageEncoder expects a dict with keys {INPUTS}. Received: "
-                f"inputs of type {type(inputs).__name__}"
-            )
-        missing = [key for key in INPUTS if inputs.get(key) is None]
-        if missing:
-            raise ValueError(
-                f"VisionLanguageEncoder needs both modalities: inputs {INPUTS}. Missing: "
-                f"{missing}. Received: keys={sorted(inputs)}"
-            )
-        shape = tuple(inputs["images"].shape)
-        if len(shape) != 4 or shape[-1] != self.image_shape[-1]:
-            raise ValueError(
-                f"images must have {self.image_shape[-1]} channels (image_shape="
-                f"{self.image_shape}). Received: images.shape={shape}"
-            )
-        if shape[1:3] != self.image_shape[:2]:
-            raise ValueError(
-                f"images must be {self.image_shape[0]}×{self.image_shape[1]} (image_shape="
-                f"{self.image_shape}). Received: images.shape={shape}"
-            )
-
-    def call(self, inputs, training=None, mask=None):
-        self._check_inputs(inputs)
-        return super().call(inputs, training=training, mask=mask)
-
     def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs):
         """Keras `compile`; with `num_classes`, defaults to AdamW, sparse cross-entropy on
         logits and accuracy."""
-        classify = self.num_classes is not None
-        if optimizer == "auto":
-            optimizer = keras.optimizers.AdamW(1e-3, weight_decay=0.01)
-        if loss == "auto":
-            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True) if classify \
-                else None
-        if metrics == "auto":
-            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")] if classify \
-                else None
+        if self.num_classes is None:
+            loss = None if loss == "auto" else loss
+            metrics = None if metrics == "auto" else metrics
+        optimizer, loss, metrics = classifier_compile_defaults(optimizer, loss, metrics)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "image_shape": list(self.image_shape),
-                "patch_size": self.patch_size,
-                "num_layers": self.num_layers,
-                "hidden_dim": self.hidden_dim,
-                "num_heads": self.num_heads,
-                "intermediate_dim": self.intermediate_dim,
-                "max_sequence_length": self.max_sequence_length,
-                "num_classes": self.num_classes,
-                "pooling": self.pooling_mode,
-                "block": self.block,
-                "resampler": self.resampler_config,
-                "num_key_value_heads": self.num_key_value_heads,
-                "activation": self.activation,
-                "norm_placement": self.norm_placement,
-                "normalization": self.normalization,
-                "dropout": self.dropout,
-                "head_intermediate_dim": self.head_intermediate_dim,
-                "head_dropout": self.head_dropout,
-            }
-        )
-        return config

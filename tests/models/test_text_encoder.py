@@ -107,7 +107,7 @@ def test_invalid_arguments_raise():
     causal = TransformerBackbone(VOCAB, 1, WIDTH, num_heads=2, intermediate_dim=FFN, causal=True)
     with pytest.raises(ValueError, match="causal"):
         TextEncoder(backbone=causal)
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match="pooling=.median."):
         text_encoder(pooling="median")
     with pytest.raises(ValueError, match="Unknown preset"):
         TextEncoder.from_preset("bert_huge")

@@ -10,6 +10,7 @@ from keras_xf.layers import TransformerBlock
 from keras_xf.layers import FeedForward
 from keras_xf.models import VisionLanguageEncoder
 from tests import layer_checks as checks
+from tests.layer_checks import to_float64
 from tests.models.tiny import FFN
 from tests.models.tiny import HEADS
 from tests.models.tiny import LENGTH
@@ -41,10 +42,6 @@ def batch(rng, lengths=(8, 3), size=2):
     return x
 
 
-def _w(weight):
-    return to_numpy(weight).astype("float64")
-
-
 def test_embeddings_match_reference_and_weight_count(rng):
     model = make()
     x = batch(rng)
@@ -54,12 +51,12 @@ def test_embeddings_match_reference_and_weight_count(rng):
     assert tuple(out["sequence_output"].shape) == (2, 8 + NUM_PATCHES, WIDTH)
     assert tuple(out["pooled_output"].shape) == (2, WIDTH)
     weights = {
-        "token": _w(model.text_embedding.token_embedding.embeddings),
-        "text_position": _w(model.text_embedding.position_embedding.position_embeddings),
-        "patch_kernel": _w(model.patch_embedding.kernel),
-        "patch_bias": _w(model.patch_embedding.bias),
-        "image_position": _w(model.image_position_embedding.position_embeddings),
-        "type": _w(model.type_embedding.embeddings),
+        "token": to_float64(model.text_embedding.token_embedding.embeddings),
+        "text_position": to_float64(model.text_embedding.position_embedding.position_embeddings),
+        "patch_kernel": to_float64(model.patch_embedding.kernel),
+        "patch_bias": to_float64(model.patch_embedding.bias),
+        "image_position": to_float64(model.image_position_embedding.position_embeddings),
+        "type": to_float64(model.type_embedding.embeddings),
     }
     inputs, mask = ref.encoder_inputs(x["token_ids"], x["padding_mask"],
                                       x["images"].astype("float64"), weights, PATCH)
@@ -171,7 +168,7 @@ def test_bad_configs_raise(kwargs, match):
 def test_bad_inputs_raise(rng):
     model = make(num_classes=2)
     x = batch(rng)
-    with pytest.raises(ValueError, match=r"1 channels .* images.shape=\(2, 8, 8, 3\)"):
+    with pytest.raises(ValueError, match=r"images must have shape \[batch, 8, 8, 1\].* images.shape=\(2, 8, 8, 3\)"):
         model(dict(x, images=np.zeros((2, 8, 8, 3), "float32")))
     with pytest.raises(ValueError, match="images"):
         model(dict(x, images=np.zeros((2, 4, 8, 1), "float32")))

@@ -12,6 +12,7 @@ from keras_xf.layers import PrefixAttentionMask
 from keras_xf.layers import TransformerBlock
 from keras_xf.models import VisionLanguageLM
 from tests import layer_checks as checks
+from tests.layer_checks import attention_weights
 from tests.reference import vision_language_decoders as reference
 from tests.models.tiny import FFN
 from tests.models.tiny import HEADS
@@ -199,16 +200,6 @@ def _norm(layer):
     return to_numpy(layer.gamma).astype("float64"), to_numpy(layer.beta).astype("float64")
 
 
-def _attention_weights(layer):
-    names = dict(wq="query_dense", wk="key_dense", wv="value_dense", wo="output_dense")
-    weights = {}
-    for short, name in names.items():
-        dense = getattr(layer, name)
-        weights[short] = to_numpy(dense.kernel).astype("float64")
-        weights["b" + short[1]] = to_numpy(dense.bias).astype("float64")
-    return weights
-
-
 @pytest.mark.parametrize("alphas", [(0.0, 0.0), (0.7, -1.3)])
 def test_gated_block_matches_reference(alphas, rng):
     block = TransformerBlock(MultiHeadAttention(HEADS), FeedForward(FFN), norm_placement="pre")
@@ -224,7 +215,7 @@ def test_gated_block_matches_reference(alphas, rng):
     gated.feedforward_gate.assign(np.float32(alphas[1]))
     ff = gated.feedforward
     z = reference.gated_cross_attention(
-        x.astype("float64"), image.astype("float64"), _attention_weights(gated.cross_attention),
+        x.astype("float64"), image.astype("float64"), attention_weights(gated.cross_attention),
         HEADS, _norm(gated.cross_attention_norm), alphas[0],
         ffn_weights=tuple(to_numpy(w).astype("float64") for w in (
             ff.hidden_dense.kernel, ff.hidden_dense.bias, ff.output_dense.kernel,

@@ -12,6 +12,7 @@ from keras_xf.models import CausalLM
 from keras_xf.models import Seq2SeqLM
 from keras_xf.models import TextClassifier
 from keras_xf.models import TextEncoder
+from tests.layer_checks import to_numpy  # noqa: F401  (re-exported for the model tests)
 
 VOCAB, WIDTH, HEADS, FFN, LAYERS, LENGTH = 32, 16, 2, 32, 2, 12
 SIZES = dict(vocabulary_size=VOCAB, hidden_dim=WIDTH, num_heads=HEADS, intermediate_dim=FFN,
@@ -92,10 +93,6 @@ def block_params(d=WIDTH, ffn=FFN, cross=False, **attention):
     """Weights of a default block: attention(s), feedforward, one LayerNorm per sub-layer."""
     attention_count = attention_params(d, **attention) * (2 if cross else 1)
     return attention_count + (2 * d * ffn + d + ffn) + (3 if cross else 2) * 2 * d
-
-
-def to_numpy(x):
-    return keras.ops.convert_to_numpy(x)
 
 
 def dtype_name(x):

@@ -18,27 +18,15 @@ B, T, D = 2, 6, 16
 
 
 def inputs(rng, length=T):
-    return rng.normal(size=(B, length, D)).astype("float32")
+    return checks.random_normal(rng, (B, length, D))
 
 
 def padding(lengths, total=T):
-    return np.arange(total)[None, :] < np.asarray(lengths)[:, None]
+    return checks.padding_mask(lengths, total)
 
 
-def randomize(layer, rng, scale=0.3):
-    for weight in layer.weights:
-        weight.assign(rng.normal(size=weight.shape).astype("float32") * scale)
-
-
-def mha_weights(layer):
-    names = {"q": layer.query_dense, "k": layer.key_dense, "v": layer.value_dense,
-             "o": layer.output_dense}
-    weights = {}
-    for name, dense in names.items():
-        weights["w" + name] = checks.to_numpy(dense.kernel).astype("float64")
-        if dense.bias is not None:
-            weights["b" + name] = checks.to_numpy(dense.bias).astype("float64")
-    return weights
+randomize = checks.randomize_weights
+mha_weights = checks.attention_weights
 
 
 def reference_mask(lengths, causal, length=T):

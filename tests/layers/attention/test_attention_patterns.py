@@ -13,6 +13,9 @@ from keras_xf.layers import PerHeadPattern
 from keras_xf.layers import RandomPattern
 from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
+from tests.layer_checks import to_numpy
 from tests.models.tiny import causal_lm
 from tests.models.tiny import token_batch
 from tests.reference import attention as ref
@@ -23,20 +26,8 @@ QUERY_POSITIONS = np.arange(3, 8)
 KEY_POSITIONS = np.arange(10)
 
 
-def _np(x):
-    return checks.to_numpy(x)
-
-
-def _inputs(rng, length=T):
-    return rng.normal(size=(B, length, D)).astype("float32")
-
-
-def _padding(lengths, total=T):
-    return np.arange(total)[None, :] < np.asarray(lengths)[:, None]
-
-
 def _random_table(pattern):
-    return _np(pattern.random_keys)
+    return to_numpy(pattern.random_keys)
 
 
 def _position_cases():
@@ -93,7 +84,7 @@ def test_position_patterns_match_reference(name):
     make, reference = POSITION_CASES[name]
     pattern = make()
     pattern.build((B, T, H, D // H))
-    mask = _np(pattern(QUERY_POSITIONS.astype("int32"), KEY_POSITIONS.astype("int32")))
+    mask = to_numpy(pattern(QUERY_POSITIONS.astype("int32"), KEY_POSITIONS.astype("int32")))
     expected = reference(pattern, QUERY_POSITIONS, KEY_POSITIONS)
     assert mask.dtype == bool
     np.testing.assert_array_equal(mask, expected)
@@ -131,13 +122,13 @@ def test_state_patterns_match_reference(rng, make):
     pattern = _built(make())
     query = rng.normal(size=(B, 7, H, D // H)).astype("float32")
     key = rng.normal(size=(B, 9, 1, D // H)).astype("float32")  # one key head shared (GQA)
-    mask = _np(pattern(np.arange(7, dtype="int32"), np.arange(9, dtype="int32"), query=query, key=key))
+    mask = to_numpy(pattern(np.arange(7, dtype="int32"), np.arange(9, dtype="int32"), query=query, key=key))
     key = np.repeat(key, H, axis=2)
     if isinstance(pattern, HashingPattern):
-        rotations = _np(pattern.rotations).astype("float64")
+        rotations = to_numpy(pattern.rotations).astype("float64")
         expected = ref_patterns.hashing_field(query, key, rotations, pattern.chunk_size)
     else:
-        expected = ref_patterns.clustering_field(query, key, _np(pattern.centroids))
+        expected = ref_patterns.clustering_field(query, key, to_numpy(pattern.centroids))
     np.testing.assert_array_equal(mask, expected)
     assert 0 < mask.mean() < 1
     assert pattern.uses_states is True
@@ -148,13 +139,13 @@ def test_clustering_centroids_follow_moving_average(rng):
     pattern = _built(ClusteringPattern(num_clusters=3, decay=0.9, seed=2))
     query = rng.normal(size=(B, 6, H, D // H)).astype("float32")
     key = rng.normal(size=(B, 6, H, D // H)).astype("float32")
-    before = _np(pattern.centroids).astype("float64")
+    before = to_numpy(pattern.centroids).astype("float64")
     positions = np.arange(6, dtype="int32")
     pattern(positions, positions, query=query, key=key)
-    np.testing.assert_array_equal(_np(pattern.centroids), before)  # inference: unchanged
+    np.testing.assert_array_equal(to_numpy(pattern.centroids), before)  # inference: unchanged
     pattern(positions, positions, query=query, key=key, training=True)
     expected = ref_patterns.ema_centroids(query, key, before, 0.9)
-    np.testing.assert_allclose(_np(pattern.centroids), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(pattern.centroids), expected, atol=1e-5)
 
 
 MHA_PATTERNS = {
@@ -172,8 +163,8 @@ MHA_PATTERNS = {
 def _mha_weights(layer):
     names = {"wq": layer.query_dense, "wk": layer.key_dense, "wv": layer.value_dense,
              "wo": layer.output_dense}
-    w = {k: _np(v.kernel).astype("float64") for k, v in names.items()}
-    w.update({k.replace("w", "b"): _np(v.bias).astype("float64") for k, v in names.items()})
+    w = {k: to_numpy(v.kernel).astype("float64") for k, v in names.items()}
+    w.update({k.replace("w", "b"): to_numpy(v.bias).astype("float64") for k, v in names.items()})
     return w
 
 
@@ -185,8 +176,8 @@ def _reference_pattern_mask(pattern, layer, x, positions):
         k = np.einsum("btd,dhk->bthk", x, w["wk"]) + w["bk"]
         k = np.repeat(k, layer.num_heads // layer.num_key_value_heads, axis=2)
         if isinstance(pattern, HashingPattern):
-            return ref_patterns.hashing_field(q, k, _np(pattern.rotations), pattern.chunk_size)
-        return ref_patterns.clustering_field(q, k, _np(pattern.centroids))
+            return ref_patterns.hashing_field(q, k, to_numpy(pattern.rotations), pattern.chunk_size)
+        return ref_patterns.clustering_field(q, k, to_numpy(pattern.centroids))
     if isinstance(pattern, DilatedPattern):
         return ref_patterns.dilated_field(positions, positions, pattern.window, pattern.dilation)
     if isinstance(pattern, PerHeadPattern):
@@ -207,9 +198,9 @@ def test_inside_attention_matches_numpy_attention(rng, name):
     pattern = MHA_PATTERNS[name]()
     kv_heads = 1 if name == "hashing" else H
     layer = MultiHeadAttention(num_heads=H, num_key_value_heads=kv_heads, pattern=pattern)
-    x = _inputs(rng)
-    padding = _padding([T, 5])
-    out = _np(layer(x, padding_mask=padding, use_causal_mask=True))
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([T, 5], T)
+    out = to_numpy(layer(x, padding_mask=padding, use_causal_mask=True))
     positions = np.arange(T)
     field = _reference_pattern_mask(pattern, layer, x.astype("float64"), positions)
     mask = field & padding[:, None, None, :] & ref.causal_mask(T)
@@ -218,8 +209,8 @@ def test_inside_attention_matches_numpy_attention(rng, name):
     )
     np.testing.assert_allclose(out, expected, atol=1e-4, rtol=1e-4)
     explicit, weights = checks.split_scores(layer(x, padding_mask=padding, use_causal_mask=True, return_attention_scores=True))
-    np.testing.assert_allclose(_np(explicit), expected, atol=1e-4, rtol=1e-4)
-    np.testing.assert_array_equal(_np(weights)[np.broadcast_to(~mask, weights.shape)], 0.0)
+    np.testing.assert_allclose(to_numpy(explicit), expected, atol=1e-4, rtol=1e-4)
+    np.testing.assert_array_equal(to_numpy(weights)[np.broadcast_to(~mask, weights.shape)], 0.0)
 
 
 DECODING = {
@@ -238,14 +229,14 @@ DECODING = {
 def test_cached_decoding_equals_full_causal_pass(rng, name):
     layer = MultiHeadAttention(num_heads=H, pattern=DECODING[name]())
     assert layer.pattern.supports_decoding
-    x = _inputs(rng)
-    full = _np(layer(x, use_causal_mask=True))
+    x = random_normal(rng, (B, T, D))
+    full = to_numpy(layer(x, use_causal_mask=True))
     cache = layer.init_cache(B, T)
     out, cache = layer(x[:, :3], use_causal_mask=True, cache=cache, cache_index=0)
-    outputs = [_np(out)]
+    outputs = [to_numpy(out)]
     for index in range(3, T):
         out, cache = layer(x[:, index : index + 1], use_causal_mask=True, cache=cache, cache_index=index)
-        outputs.append(_np(out))
+        outputs.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5, rtol=1e-5)
 
 
@@ -260,7 +251,7 @@ def test_cached_decoding_equals_full_causal_pass(rng, name):
 def test_patterns_that_cannot_decode_refuse_cache_index(rng, pattern):
     assert pattern.supports_decoding is False
     layer = MultiHeadAttention(num_heads=H, pattern=pattern)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer(x, use_causal_mask=True)
     with pytest.raises(ValueError, match="does not support cached decoding"):
         layer(x[:, :1], use_causal_mask=True, cache=layer.init_cache(B, T), cache_index=0)
@@ -268,8 +259,8 @@ def test_patterns_that_cannot_decode_refuse_cache_index(rng, pattern):
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
-    x = _inputs(rng)
-    padding = _padding([T, 0])
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([T, 0], T)
     pattern = PerHeadPattern([
         HybridPattern([DilatedPattern(1), RandomPattern(2, max_length=T, seed=0)], dtype=policy),
         HybridPattern([HashingPattern(4, seed=0), ClusteringPattern(2, seed=0)], dtype=policy),
@@ -277,9 +268,9 @@ def test_mixed_precision(rng, policy):
     layer = MultiHeadAttention(num_heads=H, pattern=pattern, dtype=policy)
     out = layer(x, padding_mask=padding, use_causal_mask=True, training=True)
     assert keras.backend.standardize_dtype(out.dtype) == keras.DTypePolicy(policy).compute_dtype
-    out = _np(out).astype("float32")
+    out = to_numpy(out).astype("float32")
     assert np.all(np.isfinite(out))
-    np.testing.assert_array_equal(out[1], np.broadcast_to(_np(layer.output_dense.bias), out[1].shape))
+    np.testing.assert_array_equal(out[1], np.broadcast_to(to_numpy(layer.output_dense.bias), out[1].shape))
     dtypes = {w.name: keras.backend.standardize_dtype(w.dtype) for w in layer.weights}
     assert dtypes.pop("random_keys") == "int32"
     assert set(dtypes.values()) == {"float32"}
@@ -292,19 +283,19 @@ def _state_model(pattern, x, padding):
 
 @checks.xla_only
 def test_jit_compile_state_patterns(rng):
-    x, padding = _inputs(rng), _padding([T, 5])
+    x, padding = random_normal(rng, (B, T, D)), padding_mask([T, 5], T)
     pattern = HybridPattern([
         HashingPattern(num_buckets=4, chunk_size=3, num_hashes=2, seed=0),
         ClusteringPattern(num_clusters=2, decay=0.5, seed=0),
     ])
     model = _state_model(pattern, x, padding)
-    before = _np(pattern.patterns[1].centroids)
+    before = to_numpy(pattern.patterns[1].centroids)
     checks.check_jit_compile(model, [x, padding])
-    assert not np.allclose(_np(pattern.patterns[1].centroids), before)  # updated under XLA
+    assert not np.allclose(to_numpy(pattern.patterns[1].centroids), before)  # updated under XLA
 
 
 def test_config_round_trip_and_saving(rng, tmp_path):
-    x, padding = _inputs(rng), _padding([T, 5])
+    x, padding = random_normal(rng, (B, T, D)), padding_mask([T, 5], T)
     pattern = PerHeadPattern([
         HybridPattern([DilatedPattern(2, dilation=2, causal=True), GlobalPattern(global_positions=[1]),
                        RandomPattern(2, max_length=T)]),
@@ -322,7 +313,7 @@ def test_config_round_trip_and_saving(rng, tmp_path):
         saved = [w for w in model.weights if w.name == name]
         restored = [w for w in loaded.weights if w.name == name]
         assert len(saved) == len(restored) == 1
-        np.testing.assert_array_equal(_np(restored[0]), _np(saved[0]))
+        np.testing.assert_array_equal(to_numpy(restored[0]), to_numpy(saved[0]))
 
 
 @pytest.mark.parametrize(
@@ -349,7 +340,7 @@ def test_causal_lm_trains(rng, pattern):
     history = model.fit(x, y, epochs=4, batch_size=2, verbose=0)
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
-    logits = _np(model(x))
+    logits = to_numpy(model(x))
     assert np.all(np.isfinite(logits))
 
 
@@ -383,4 +374,4 @@ def test_bad_configs_raise(make, match):
 def test_pattern_head_count_mismatch_raises(rng):
     pattern = PerHeadPattern([DilatedPattern(1), GlobalPattern(num_global=1), DilatedPattern(2)])
     with pytest.raises(ValueError, match="one pattern per attention head. Received: 3 patterns for num_heads=2"):
-        MultiHeadAttention(num_heads=H, pattern=pattern)(_inputs(rng))
+        MultiHeadAttention(num_heads=H, pattern=pattern)(random_normal(rng, (B, T, D)))

@@ -9,6 +9,8 @@ from keras_xf.layers import FeedForward
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
 from tests.layers.attention.test_syntax_hooks import weights_of
 from tests.models import tiny
 from tests.reference import syntax_attention as ref
@@ -16,16 +18,8 @@ from tests.reference import syntax_attention as ref
 B, T, D, H = 2, 5, 16, 2
 
 
-def _inputs(rng):
-    return rng.normal(size=(B, T, D)).astype("float32")
-
-
 def _multiplier(rng):
     return rng.uniform(0.2, 2.0, size=(B, T, T)).astype("float32")
-
-
-def _padding(lengths):
-    return np.arange(T)[None, :] < np.array(lengths)[:, None]
 
 
 def _reference(layer, x, alpha, mask=None, **syntax):
@@ -42,8 +36,8 @@ def test_fixed_alpha_matches_reference(rng, kind):
     layer = BranchMix(
         MultiHeadAttention(H), MultiHeadAttention(H, guided_heads=[1], name="syn"), alpha=0.3
     )
-    x, m = _inputs(rng), _multiplier(rng)
-    padding = _padding([5, 3])
+    x, m = random_normal(rng, (B, T, D)), _multiplier(rng)
+    padding = padding_mask([5, 3], T)
     arg = "attention_bias" if kind == "additive" else "attention_multiplier"
     out = checks.to_numpy(layer(x, padding_mask=padding, **{arg: m}))
     expected = _reference(layer, x, 0.3, padding[:, None, None, :], **{kind: m})
@@ -54,7 +48,7 @@ def test_fixed_alpha_matches_reference(rng, kind):
 @pytest.mark.parametrize("alpha,learn_alpha,initial", [("learned", False, 0.5), (0.2, True, 0.2)])
 def test_learned_alpha_is_a_sigmoid_weight(rng, alpha, learn_alpha, initial):
     layer = BranchMix(MultiHeadAttention(H), alpha=alpha, learn_alpha=learn_alpha)
-    x, m = _inputs(rng), _multiplier(rng)
+    x, m = random_normal(rng, (B, T, D)), _multiplier(rng)
     layer(x, attention_multiplier=m)
     assert checks.count_params(layer) == 2 * tiny.attention_params(D) + 1
     np.testing.assert_allclose(checks.to_numpy(layer.mixing_weight()), initial, atol=1e-6)
@@ -81,7 +75,7 @@ def test_bad_configs_raise(kwargs, match):
 
 def test_cached_decoding_equals_full_causal_pass(rng):
     layer = BranchMix(MultiHeadAttention(H, num_key_value_heads=1), alpha=0.6)
-    x, m = _inputs(rng), _multiplier(rng)
+    x, m = random_normal(rng, (B, T, D)), _multiplier(rng)
     full = checks.to_numpy(layer(x, use_causal_mask=True, attention_multiplier=m))
     cache = layer.init_cache(B, T)
     assert tuple(cache.shape) == (B, 4, T, 1, D // H)
@@ -105,7 +99,7 @@ def test_config_fit_and_saving_in_a_block(rng, tmp_path):
     layer = BranchMix(MultiHeadAttention(H, qk_dim=4), alpha=0.25, learn_alpha=True)
     clone = checks.check_config_round_trip(layer)
     assert clone.learn_alpha and clone.alpha == 0.25 and clone.syntax_attention.qk_dim == 4
-    x, m = _inputs(rng), _multiplier(rng)
+    x, m = random_normal(rng, (B, T, D)), _multiplier(rng)
     model = _block_model(x, m)
     inputs = checks.model_inputs([x], {"attention_multiplier": m})
     mix = model.layers[-1].mixer
@@ -118,14 +112,16 @@ def test_config_fit_and_saving_in_a_block(rng, tmp_path):
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
     checks.check_mixed_precision(
-        lambda **kw: BranchMix(MultiHeadAttention(H), alpha="learned", **kw), [_inputs(rng)],
-        {"attention_bias": _multiplier(rng), "padding_mask": _padding([5, 0])}, policy=policy,
+        lambda **kw: BranchMix(MultiHeadAttention(H), alpha="learned", **kw),
+        [random_normal(rng, (B, T, D))],
+        {"attention_bias": _multiplier(rng), "padding_mask": padding_mask([5, 0], T)},
+        policy=policy,
     )
 
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x, m = _inputs(rng), _multiplier(rng)
+    x, m = random_normal(rng, (B, T, D)), _multiplier(rng)
     checks.check_jit_compile(_block_model(x, m), checks.model_inputs([x], {"attention_multiplier": m}))
 
 

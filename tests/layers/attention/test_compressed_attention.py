@@ -8,6 +8,10 @@ from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import ProductKeyMemory
 from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
+from tests.layer_checks import randomize_weights
+from tests.layer_checks import to_float64
 from tests.models.tiny import FFN
 from tests.models.tiny import LENGTH
 from tests.models.tiny import causal_lm
@@ -23,23 +27,6 @@ CONVOLUTION_BY_LENGTH = dict(method="convolution", compressed_length=4, max_leng
 SELECTION = dict(method="selection", compressed_length=3)
 
 
-def _inputs(rng, length=T, width=D):
-    return rng.normal(size=(B, length, width)).astype("float32")
-
-
-def _padding(lengths, total=T):
-    return np.arange(total)[None, :] < np.asarray(lengths)[:, None]
-
-
-def _randomize(layer, rng):
-    for w in layer.weights:
-        w.assign(rng.normal(size=w.shape).astype("float32") * 0.3)
-
-
-def _np(x):
-    return checks.to_numpy(x).astype("float64")
-
-
 def _weights(layer):
     names = {"wq": "query", "wk": "key", "wv": "value", "wo": "output"}
     denses = {
@@ -48,21 +35,21 @@ def _weights(layer):
         "value": layer.value_dense,
         "output": layer.output_dense,
     }
-    weights = {key: _np(denses[name].kernel) for key, name in names.items()}
+    weights = {key: to_float64(denses[name].kernel) for key, name in names.items()}
     if layer.use_bias:
-        weights.update({"b" + key[1]: _np(denses[name].bias) for key, name in names.items()})
+        weights.update({"b" + key[1]: to_float64(denses[name].bias) for key, name in names.items()})
     return weights
 
 
 def _compression(layer):
     if layer.method == "projection":
-        return _np(layer.key_compression), _np(layer.value_compression)
+        return to_float64(layer.key_compression), to_float64(layer.value_compression)
     if layer.method == "convolution":
-        bias = lambda b: None if b is None else _np(b)  # noqa: E731
+        bias = lambda b: None if b is None else to_float64(b)  # noqa: E731
         return (
-            _np(layer.key_compression),
+            to_float64(layer.key_compression),
             bias(layer.key_compression_bias),
-            _np(layer.value_compression),
+            to_float64(layer.value_compression),
             bias(layer.value_compression_bias),
         )
     return None
@@ -97,10 +84,10 @@ def _reference(layer, x, memory=None, padding=None, causal=False):
 )
 def test_matches_reference_with_padding(rng, config, kv_heads, causal):
     layer = CompressedAttention(num_heads=2, num_key_value_heads=kv_heads, **config)
-    x = _inputs(rng)
-    padding = _padding([8, 4])
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([8, 4], T)
     layer(x)
-    _randomize(layer, rng)
+    randomize_weights(layer, rng)
     expected, expected_weights = _reference(layer, x, padding=padding, causal=causal)
     out = layer(x, padding_mask=padding, use_causal_mask=causal)
     np.testing.assert_allclose(checks.to_numpy(out), expected, atol=1e-4, rtol=1e-4)
@@ -114,10 +101,10 @@ def test_matches_reference_with_padding(rng, config, kv_heads, causal):
 @pytest.mark.parametrize("config", [PROJECTION, CONVOLUTION])
 def test_cross_attention_matches_reference(rng, config):
     layer = CompressedAttention(num_heads=2, **config)
-    x, memory = _inputs(rng, 5), _inputs(rng, T, 12)
-    padding = _padding([7, 2])
+    x, memory = random_normal(rng, (B, 5, D)), random_normal(rng, (B, T, 12))
+    padding = padding_mask([7, 2], T)
     layer(x, memory)
-    _randomize(layer, rng)
+    randomize_weights(layer, rng)
     expected, _ = _reference(layer, x, memory, padding=padding)
     out = layer(x, memory, padding_mask=padding)
     assert tuple(out.shape) == (B, 5, D)
@@ -125,8 +112,8 @@ def test_cross_attention_matches_reference(rng, config):
 
 
 def test_selection_of_every_key_is_full_attention(rng):
-    x = _inputs(rng)
-    padding = _padding([8, 5])
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([8, 5], T)
     full = MultiHeadAttention(num_heads=2)
     selection = CompressedAttention(num_heads=2, method="selection", compressed_length=T)
     full(x), selection(x)
@@ -140,7 +127,7 @@ def test_selection_of_every_key_is_full_attention(rng):
 
 def test_selection_cached_decoding_equals_full_causal_pass(rng):
     layer = CompressedAttention(num_heads=2, num_key_value_heads=1, **SELECTION)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     full = checks.to_numpy(layer(x, use_causal_mask=True))
     cache = layer.init_cache(B, T + 2)
     out, cache = layer(x[:, :4], use_causal_mask=True, cache=cache, cache_index=0)
@@ -172,8 +159,8 @@ def test_exact_weight_count(config, extra):
 
 def test_config_round_trip_fit_and_saving(rng, tmp_path):
     # One functional model holding the three methods: one fit step, one `.keras` round trip.
-    x = _inputs(rng)
-    padding = _padding([8, 3])
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([8, 3], T)
     layers = [
         CompressedAttention(num_heads=2, num_key_value_heads=1, dropout=0.1, **config)
         for config in (PROJECTION, CONVOLUTION, SELECTION)
@@ -194,8 +181,8 @@ def test_config_round_trip_fit_and_saving(rng, tmp_path):
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 @pytest.mark.parametrize("config", [PROJECTION, CONVOLUTION, SELECTION])
 def test_mixed_precision_and_fully_padded_rows(rng, policy, config):
-    x = _inputs(rng)
-    padding = _padding([8, 0])
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([8, 0], T)
     out, weights = checks.split_scores(checks.check_mixed_precision(
         lambda **kw: CompressedAttention(num_heads=2, **config, **kw),
         [x],
@@ -213,8 +200,8 @@ def test_mixed_precision_and_fully_padded_rows(rng, policy, config):
     "config,causal", [(PROJECTION, False), (CONVOLUTION, False), (SELECTION, True)]
 )
 def test_jit_compile(rng, config, causal):
-    x = _inputs(rng)
-    padding = _padding([8, 5])
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([8, 5], T)
     layer = CompressedAttention(num_heads=2, **config)
     model = checks.wrap_in_model(layer, [x], {"padding_mask": padding, "use_causal_mask": causal})
     checks.check_jit_compile(model, [x, padding])
@@ -274,7 +261,7 @@ def test_bad_configs_raise(kwargs, match):
 @pytest.mark.parametrize("config", [PROJECTION, CONVOLUTION])
 def test_length_compression_refuses_causal_cache_and_attention_mask(rng, config):
     layer = CompressedAttention(num_heads=2, **config)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer(x)
     with pytest.raises(ValueError, match="use_causal_mask=True"):
         layer(x, use_causal_mask=True)
@@ -287,4 +274,4 @@ def test_length_compression_refuses_causal_cache_and_attention_mask(rng, config)
 def test_longer_input_than_max_length_raises(rng):
     layer = CompressedAttention(num_heads=2, **PROJECTION)
     with pytest.raises(ValueError, match="max_length=10"):
-        layer(_inputs(rng, length=12))
+        layer(random_normal(rng, (B, 12, D)))

@@ -17,6 +17,8 @@ from keras_xf.layers import TransformerBlock
 from keras_xf.layers.attention import multi_head_attention as mha_module
 from keras_xf.models import CausalLM
 from tests import layer_checks as checks
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
 from tests.models.tiny import FFN
 from tests.models.tiny import VOCAB
 from tests.models.tiny import WIDTH
@@ -33,14 +35,6 @@ PATTERNS = {
     "chunked": (lambda **kw: ChunkedPattern(4, **kw), lambda n: ref.chunked_field(n, 4)),
     "strided": (lambda **kw: StridedPattern(4, 2, **kw), lambda n: ref.strided_field(n, 4, 2)),
 }
-
-
-def _inputs(rng, length=T):
-    return rng.normal(size=(B, length, D)).astype("float32")
-
-
-def _padding(lengths, total=T):
-    return np.arange(total)[None, :] < np.asarray(lengths)[:, None]
 
 
 def _dense(pattern, queries, keys):
@@ -115,7 +109,7 @@ def test_block_sparse_attention_matches_reference_and_dense_path(rng, spy, name)
     layer = MultiHeadAttention(num_heads=4, num_key_value_heads=2, pattern=make())
     dense = MultiHeadAttention(num_heads=4, num_key_value_heads=2,
                                pattern=make(block_sparse=False))
-    x, padding = _inputs(rng), _padding([T, 6])
+    x, padding = random_normal(rng, (B, T, D)), padding_mask([T, 6], T)
     layer(x)
     dense(x)
     dense.set_weights(layer.get_weights())
@@ -133,7 +127,7 @@ def test_block_sparse_attention_matches_reference_and_dense_path(rng, spy, name)
 
 def test_dense_fallback_when_scores_or_masks_are_needed(rng, spy):
     layer = MultiHeadAttention(num_heads=2, pattern=LocalPattern(2), causal=True)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     sparse = checks.to_numpy(layer(x))
     assert len(spy) == 1
     out, weights = checks.split_scores(layer(x, return_attention_scores=True))
@@ -158,7 +152,7 @@ def test_rolling_cache_decoding_equals_full_causal_pass(rng, name):
                                pattern=make())
     dense = MultiHeadAttention(num_heads=4, num_key_value_heads=2, position=RotaryEmbedding(),
                                pattern=make(block_sparse=False, rolling_cache=False))
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     expected = checks.to_numpy(layer(x, use_causal_mask=True))
     dense(x)
     dense.set_weights(layer.get_weights())
@@ -188,7 +182,7 @@ def test_rolling_cache_decoding_equals_full_causal_pass(rng, name):
 
 def test_rolling_cache_refuses_key_masks(rng):
     layer = MultiHeadAttention(num_heads=2, pattern=LocalPattern(2))
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer(x)
     cache = layer.init_cache(B, T)
     with pytest.raises(ValueError, match="rolling cache.*padding_mask=True"):
@@ -230,18 +224,18 @@ def test_causal_lm_with_banded_pattern_trains(rng, pattern):
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, spy, policy):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     out = checks.check_mixed_precision(
         lambda **kw: MultiHeadAttention(num_heads=4, num_key_value_heads=2,
                                         pattern=StridedPattern(4, 2), **kw),
-        [x], {"padding_mask": _padding([T, 0]), "use_causal_mask": True}, policy=policy)
+        [x], {"padding_mask": padding_mask([T, 0], T), "use_causal_mask": True}, policy=policy)
     assert spy, "the block-sparse kernel was not used"
     np.testing.assert_array_equal(checks.to_numpy(out)[1], 0.0)  # fully padded row
 
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x, padding = _inputs(rng), _padding([T, 5])
+    x, padding = random_normal(rng, (B, T, D)), padding_mask([T, 5], T)
     layer = MultiHeadAttention(num_heads=2, pattern=LocalPattern(3), causal=True)
     model = checks.wrap_in_model(layer, [x], {"padding_mask": padding})
     checks.check_jit_compile(model, [x, padding])
@@ -253,7 +247,7 @@ def test_config_and_saving(rng, tmp_path):
     layer = MultiHeadAttention(num_heads=2, pattern=ChunkedPattern(4), causal=True, dropout=0.1)
     clone = checks.check_config_round_trip(layer)
     assert isinstance(clone.pattern, ChunkedPattern) and clone.pattern.chunk_size == 4
-    x, padding = _inputs(rng), _padding([T, 7])
+    x, padding = random_normal(rng, (B, T, D)), padding_mask([T, 7], T)
     model = checks.wrap_in_model(layer, [x], {"padding_mask": padding})
     loaded = checks.check_saving(model, [x, padding], tmp_path)
     assert isinstance(loaded.layers[-1].pattern, ChunkedPattern)

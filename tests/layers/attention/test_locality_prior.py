@@ -10,6 +10,9 @@ from keras_xf.layers import LocalityPrior
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
+from tests.layer_checks import to_float64
 from tests.models.tiny import FFN
 from tests.models.tiny import batch_for
 from tests.models.tiny import causal_lm
@@ -18,18 +21,6 @@ from tests.reference import attention as ref_attention
 from tests.reference import locality as ref
 
 B, T, S, D = 2, 5, 6, 16
-
-
-def _inputs(rng, length=T, width=D):
-    return rng.normal(size=(B, length, width)).astype("float32")
-
-
-def _padding(lengths, total):
-    return np.arange(total)[None, :] < np.asarray(lengths)[:, None]
-
-
-def _numpy(x):
-    return checks.to_numpy(x).astype("float64")
 
 
 def _randomize(layer, rng):
@@ -50,14 +41,15 @@ def _weights(layer):
                  wv=layer.value_dense.kernel, wo=layer.output_dense.kernel,
                  bq=layer.query_dense.bias, bk=layer.key_dense.bias,
                  bv=layer.value_dense.bias, bo=layer.output_dense.bias)
-    return {k: _numpy(v) for k, v in names.items()}
+    return {k: to_float64(v) for k, v in names.items()}
 
 
 def _penalty(prior, q, query_positions, key_positions):
-    gamma = _numpy(prior.gamma_weight) if prior.trainable_gamma else prior.gamma
+    gamma = to_float64(prior.gamma_weight) if prior.trainable_gamma else prior.gamma
     if prior.distance == "predicted":
         g = ref.predicted_distance(
-            q, len(key_positions), _numpy(prior.predictor_kernel), _numpy(prior.predictor_output)
+            q, len(key_positions), to_float64(prior.predictor_kernel),
+            to_float64(prior.predictor_output)
         )
     else:
         g = ref.distance_matrix(query_positions, key_positions, prior.distance, prior.sigma)
@@ -67,7 +59,7 @@ def _penalty(prior, q, query_positions, key_positions):
 
 def _beta(prior, q):
     if prior.beta == "gated":
-        return ref.gate(q, _numpy(prior.gate_kernel), _numpy(prior.gate_bias))
+        return ref.gate(q, to_float64(prior.gate_kernel), to_float64(prior.gate_bias))
     return prior.beta
 
 
@@ -117,8 +109,8 @@ SELF_HOOKS = {
 @pytest.mark.parametrize("name", sorted(SELF_HOOKS))
 def test_self_attention_forms_match_reference(rng, name):
     layer = MultiHeadAttention(num_heads=2, **SELF_HOOKS[name]())
-    x = _inputs(rng)
-    padding = _padding([5, 3], T)
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([5, 3], T)
     layer(x)
     _randomize(layer, rng)
     for causal in (False, True):
@@ -127,12 +119,12 @@ def test_self_attention_forms_match_reference(rng, name):
             mask = mask & ref_attention.causal_mask(T)[None, None]
         expected, expected_weights = _expected(layer, x, mask=mask)
         out = layer(x, padding_mask=padding, use_causal_mask=causal)
-        np.testing.assert_allclose(_numpy(out), expected, atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(to_float64(out), expected, atol=1e-4, rtol=1e-4)
         out, weights = checks.split_scores(layer(
             x, padding_mask=padding, use_causal_mask=causal, return_attention_scores=True
         ))
-        np.testing.assert_allclose(_numpy(out), expected, atol=1e-4, rtol=1e-4)
-        np.testing.assert_allclose(_numpy(weights), expected_weights, atol=1e-5)
+        np.testing.assert_allclose(to_float64(out), expected, atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(to_float64(weights), expected_weights, atol=1e-5)
 
 
 @pytest.mark.parametrize("form", ["additive", "mixture", "multiplicative"])
@@ -141,27 +133,27 @@ def test_predicted_cross_attention_matches_reference(rng, form):
                           beta="gated" if form == "mixture" else None)
     hooks = {"multiplier": prior} if form == "multiplicative" else {"biases": [prior]}
     layer = MultiHeadAttention(num_heads=2, num_key_value_heads=1, **hooks)
-    x, memory = _inputs(rng, T, D), _inputs(rng, S, 12)
-    padding = _padding([6, 2], S)
+    x, memory = random_normal(rng, (B, T, D)), random_normal(rng, (B, S, 12))
+    padding = padding_mask([6, 2], S)
     layer(x, memory)
     _randomize(layer, rng)
     expected, expected_weights = _expected(layer, x, memory, mask=padding[:, None, None, :])
     out, weights = checks.split_scores(layer(x, memory, padding_mask=padding, return_attention_scores=True))
-    np.testing.assert_allclose(_numpy(out), expected, atol=1e-4, rtol=1e-4)
-    np.testing.assert_allclose(_numpy(weights), expected_weights, atol=1e-5)
+    np.testing.assert_allclose(to_float64(out), expected, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(to_float64(weights), expected_weights, atol=1e-5)
     # The predicted centres move with the queries: the prior is not a fixed matrix.
-    g = _numpy(prior(layer.query_dense(x), layer.key_dense(memory), np.arange(T), np.arange(S)))
+    g = to_float64(prior(layer.query_dense(x), layer.key_dense(memory), np.arange(T), np.arange(S)))
     assert g.shape == (B, 2, T, S) == prior.compute_output_shape((B, T, 2, 8), (B, S, 1, 8))
     assert not np.allclose(g[0], g[1])
 
 
 def test_fully_masked_rows_give_zeros(rng):
     layer = MultiHeadAttention(num_heads=2, **_all_forms())
-    x = _inputs(rng)
-    padding = _padding([5, 0], T)
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([5, 0], T)
     out, weights = checks.split_scores(layer(x, padding_mask=padding, return_attention_scores=True))
-    weights = _numpy(weights)
-    assert np.all(np.isfinite(_numpy(out)))
+    weights = to_float64(weights)
+    assert np.all(np.isfinite(to_float64(out)))
     np.testing.assert_array_equal(weights[1], 0.0)
     np.testing.assert_allclose(weights[0].sum(-1), 1.0, atol=1e-5)
 
@@ -177,41 +169,41 @@ SELF_CACHE_HOOKS = {
 @pytest.mark.parametrize("name", sorted(SELF_CACHE_HOOKS))
 def test_cached_decoding_equals_full_causal_pass(rng, name):
     layer = MultiHeadAttention(num_heads=2, num_key_value_heads=1, **SELF_CACHE_HOOKS[name]())
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer(x)
     _randomize(layer, rng)
-    full = _numpy(layer(x, use_causal_mask=True))
+    full = to_float64(layer(x, use_causal_mask=True))
     cache = layer.init_cache(B, T + 2)
     out, cache = layer(x[:, :2], use_causal_mask=True, cache=cache, cache_index=0)
-    outputs = [_numpy(out)]
+    outputs = [to_float64(out)]
     for index in range(2, T):
         out, cache = layer(x[:, index : index + 1], use_causal_mask=True, cache=cache,
                            cache_index=index)
-        outputs.append(_numpy(out))
+        outputs.append(to_float64(out))
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
 
 
 def test_predicted_cross_attention_cache_equals_full_pass(rng):
     layer = MultiHeadAttention(num_heads=2, **_all_forms("predicted"))
-    x, memory = _inputs(rng, T, D), _inputs(rng, S, D)
-    padding = _padding([6, 4], S)
+    x, memory = random_normal(rng, (B, T, D)), random_normal(rng, (B, S, D))
+    padding = padding_mask([6, 4], S)
     layer(x, memory)
     _randomize(layer, rng)
-    full = _numpy(layer(x, memory, padding_mask=padding))
+    full = to_float64(layer(x, memory, padding_mask=padding))
     cache = layer.init_cache(B, S)
     out, cache = layer(x[:, :1], memory, padding_mask=padding, cache=cache)
-    outputs = [_numpy(out)]
+    outputs = [to_float64(out)]
     for index in range(1, T):
         out, cache = layer(x[:, index : index + 1], padding_mask=padding, cache=cache)
-        outputs.append(_numpy(out))
+        outputs.append(to_float64(out))
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
     keras.config.set_dtype_policy(policy)  # the hooks take the global policy too
-    x, memory = _inputs(rng), _inputs(rng, S, D)
-    padding = _padding([5, 0], T)
+    x, memory = random_normal(rng, (B, T, D)), random_normal(rng, (B, S, D))
+    padding = padding_mask([5, 0], T)
     hooks = _all_forms("gaussian", gamma=50.0)
     out = checks.check_mixed_precision(
         lambda **kw: MultiHeadAttention(num_heads=2, **hooks, **kw),
@@ -222,20 +214,20 @@ def test_mixed_precision(rng, policy):
     assert keras.backend.standardize_dtype(out.dtype) == keras.DTypePolicy(policy).compute_dtype
     # Penalties beyond float16's range are capped at 10⁴: the additive bias stays finite.
     capped = MultiHeadAttention(num_heads=2, biases=[LocalityPrior(gamma=1e5)])
-    assert np.all(np.isfinite(_numpy(capped(x, padding_mask=padding))))
+    assert np.all(np.isfinite(to_float64(capped(x, padding_mask=padding))))
     cross = MultiHeadAttention(num_heads=2, **_all_forms("predicted"))
-    out, weights = checks.split_scores(cross(x, memory, padding_mask=_padding([6, 0], S),
+    out, weights = checks.split_scores(cross(x, memory, padding_mask=padding_mask([6, 0], S),
                          return_attention_scores=True))
     assert keras.backend.standardize_dtype(weights.dtype) == "float32"
     assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in cross.weights)
-    assert np.all(np.isfinite(_numpy(out)))
-    np.testing.assert_array_equal(_numpy(weights)[1], 0.0)
+    assert np.all(np.isfinite(to_float64(out)))
+    np.testing.assert_array_equal(to_float64(weights)[1], 0.0)
 
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x = _inputs(rng)
-    padding = _padding([5, 3], T)
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([5, 3], T)
     layer = MultiHeadAttention(num_heads=2, **_all_forms("gaussian"))
     model = checks.wrap_in_model(layer, [x], {"padding_mask": padding, "use_causal_mask": True})
     checks.check_jit_compile(model, [x, padding])
@@ -249,15 +241,15 @@ def test_config_weights_fit_and_saving(rng, tmp_path):
                                                                      "gated", 2.0)
     layer = MultiHeadAttention(num_heads=2, biases=[prior], multiplier=LocalityPrior(
         form="multiplicative", distance="gaussian", sigma=3.0))
-    x, memory = _inputs(rng), _inputs(rng, S, D)
-    padding = _padding([6, 3], S)
+    x, memory = random_normal(rng, (B, T, D)), random_normal(rng, (B, S, D))
+    padding = padding_mask([6, 3], S)
     model = checks.wrap_in_model(layer, [x, memory], {"padding_mask": padding})
     # γ per head, W [Dh, 4], (u_μ, u_σ) [4, 2], gate w_β [Dh, 1] and b_β.
     assert checks.count_params(prior) == 2 + 8 * 4 + 4 * 2 + 8 + 1
     checks.check_config_round_trip(layer)
-    gamma = _numpy(prior.gamma_weight)
+    gamma = to_float64(prior.gamma_weight)
     checks.check_fit_step(model, [x, memory, padding])
-    assert not np.allclose(_numpy(prior.gamma_weight), gamma)
+    assert not np.allclose(to_float64(prior.gamma_weight), gamma)
     loaded = checks.check_saving(model, [x, memory, padding], tmp_path, atol=1e-5)
     mha = [l for l in loaded.layers if isinstance(l, MultiHeadAttention)][0]
     assert mha.biases[0].mixes_weights and mha.multiplier.sigma == 3.0
@@ -266,7 +258,7 @@ def test_config_weights_fit_and_saving(rng, tmp_path):
 def _fit(model, rng, steps=4):
     x, y = batch_for(model, rng)
     model.compile(optimizer=keras.optimizers.Adam(1e-2))
-    before = [_numpy(w) for w in model.trainable_weights]
+    before = [to_float64(w) for w in model.trainable_weights]
     history = model.fit(x, y, batch_size=2, epochs=steps, verbose=0, shuffle=False)
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
@@ -281,9 +273,9 @@ def test_causal_lm_trains_with_self_attention_priors(rng):
     model = causal_lm(block=block, num_layers=1)
     mixer = model.backbone.transformer_stack.blocks[0].mixer
     assert [b.form for b in mixer.biases] == ["additive", "mixture"]
-    gamma = _numpy(mixer.biases[0].gamma_weight)
+    gamma = to_float64(mixer.biases[0].gamma_weight)
     _fit(model, rng)
-    assert not np.allclose(_numpy(mixer.biases[0].gamma_weight), gamma)
+    assert not np.allclose(to_float64(mixer.biases[0].gamma_weight), gamma)
 
 
 def test_seq2seq_lm_trains_with_predicted_cross_attention_prior(rng):
@@ -297,9 +289,9 @@ def test_seq2seq_lm_trains_with_predicted_cross_attention_prior(rng):
     )
     model = seq2seq_lm(decoder_block=decoder_block)
     prior = model.backbone.decoder.blocks[0].cross_attention.biases[0]
-    before = _numpy(prior.predictor_kernel)
+    before = to_float64(prior.predictor_kernel)
     _fit(model, rng)
-    assert not np.allclose(_numpy(prior.predictor_kernel), before)
+    assert not np.allclose(to_float64(prior.predictor_kernel), before)
 
 
 @pytest.mark.parametrize(

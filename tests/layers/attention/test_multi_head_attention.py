@@ -8,6 +8,10 @@ from keras_xf.layers import RotaryEmbedding
 from keras_xf.layers import ScoreBias
 from keras_xf.layers import ScoreMultiplier
 from tests import layer_checks as checks
+from tests.layer_checks import attention_weights
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
+from tests.layer_checks import randomize_weights
 from tests.reference import attention as ref
 from tests.reference import positions as ref_positions
 
@@ -63,36 +67,6 @@ class WindowPattern(AttentionPattern):
         return {**super().get_config(), "window": self.window}
 
 
-def _inputs(rng, length=T, width=D):
-    return rng.normal(size=(B, length, width)).astype("float32")
-
-
-def _weights(layer):
-    w = {
-        "wq": layer.query_dense.kernel,
-        "wk": layer.key_dense.kernel,
-        "wv": layer.value_dense.kernel,
-        "wo": layer.output_dense.kernel,
-    }
-    if layer.use_bias:
-        w.update(
-            bq=layer.query_dense.bias,
-            bk=layer.key_dense.bias,
-            bv=layer.value_dense.bias,
-            bo=layer.output_dense.bias,
-        )
-    return {k: checks.to_numpy(v).astype("float64") for k, v in w.items()}
-
-
-def _randomize(layer, rng):
-    for w in layer.weights:
-        w.assign(rng.normal(size=w.shape).astype("float32") * 0.3)
-
-
-def _padding(lengths, total):
-    return np.arange(total)[None, :] < np.asarray(lengths)[:, None]
-
-
 @pytest.mark.parametrize(
     "kwargs,expected",
     [
@@ -105,7 +79,7 @@ def _padding(lengths, total):
 )
 def test_exact_weight_count(rng, kwargs, expected):
     layer = MultiHeadAttention(**kwargs)
-    layer(_inputs(rng))
+    layer(random_normal(rng, (B, T, D)))
     assert checks.count_params(layer) == expected
 
 
@@ -113,15 +87,15 @@ def test_exact_weight_count(rng, kwargs, expected):
 @pytest.mark.parametrize("causal", [False, True])
 def test_self_attention_matches_reference(rng, kv_heads, causal):
     layer = MultiHeadAttention(num_heads=4, num_key_value_heads=kv_heads)
-    x = _inputs(rng)
-    padding = _padding([5, 3], T)
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([5, 3], T)
     layer(x)
-    _randomize(layer, rng)
+    randomize_weights(layer, rng)
     mask = padding[:, None, None, :]
     if causal:
         mask = mask & ref.causal_mask(T)[None, None]
     expected, expected_weights = ref.multi_head_attention(
-        x, x, _weights(layer), 4, kv_heads, mask=mask
+        x, x, attention_weights(layer), 4, kv_heads, mask=mask
     )
     out = layer(x, padding_mask=padding, use_causal_mask=causal)
     np.testing.assert_allclose(checks.to_numpy(out), expected, atol=1e-4, rtol=1e-4)
@@ -132,20 +106,20 @@ def test_self_attention_matches_reference(rng, kv_heads, causal):
 
 def test_cross_attention_matches_reference(rng):
     layer = MultiHeadAttention(num_heads=2, num_key_value_heads=1)
-    x, memory = _inputs(rng, T, D), _inputs(rng, S, 12)
-    padding = _padding([6, 2], S)
+    x, memory = random_normal(rng, (B, T, D)), random_normal(rng, (B, S, 12))
+    padding = padding_mask([6, 2], S)
     attention_mask = rng.random((B, T, S)) > 0.2
     layer(x, memory)
-    _randomize(layer, rng)
+    randomize_weights(layer, rng)
     mask = padding[:, None, None, :] & attention_mask[:, None]
-    expected, _ = ref.multi_head_attention(x, memory, _weights(layer), 2, 1, mask=mask)
+    expected, _ = ref.multi_head_attention(x, memory, attention_weights(layer), 2, 1, mask=mask)
     out = layer(x, memory, padding_mask=padding, attention_mask=attention_mask)
     assert out.shape == (B, T, D)
     np.testing.assert_allclose(checks.to_numpy(out), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_constructor_causal_flag_is_the_default(rng):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = MultiHeadAttention(num_heads=2, causal=True)
     causal = checks.to_numpy(layer(x))
     np.testing.assert_allclose(causal, checks.to_numpy(layer(x, use_causal_mask=True)), atol=1e-6)
@@ -158,7 +132,7 @@ def test_cached_decoding_equals_full_causal_pass(rng, kv_heads, rotary):
     layer = MultiHeadAttention(
         num_heads=4, num_key_value_heads=kv_heads, position=RotaryEmbedding() if rotary else None
     )
-    x = _inputs(rng, length=T)
+    x = random_normal(rng, (B, T, D))
     full = checks.to_numpy(layer(x, use_causal_mask=True))
     cache = layer.init_cache(B, T + 2)
     assert tuple(cache.shape) == (B, 2, T + 2, kv_heads, D // 4)
@@ -174,8 +148,8 @@ def test_cached_decoding_equals_full_causal_pass(rng, kv_heads, rotary):
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_cross_attention_cache_is_computed_once(rng, kv_heads):
     layer = MultiHeadAttention(num_heads=2, num_key_value_heads=kv_heads)
-    x, memory = _inputs(rng, T, D), _inputs(rng, S, D)
-    padding = _padding([6, 4], S)
+    x, memory = random_normal(rng, (B, T, D)), random_normal(rng, (B, S, D))
+    padding = padding_mask([6, 4], S)
     full = checks.to_numpy(layer(x, memory, padding_mask=padding))
     cache = layer.init_cache(B, S)
     out, cache = layer(x[:, :1], memory, padding_mask=padding, cache=cache)
@@ -189,9 +163,9 @@ def test_cross_attention_cache_is_computed_once(rng, kv_heads):
 
 def test_rotary_position_hook_matches_reference(rng):
     layer = MultiHeadAttention(num_heads=2, position=RotaryEmbedding(max_wavelength=100.0))
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer(x)
-    w = _weights(layer)
+    w = attention_weights(layer)
     q = np.einsum("btd,dhk->bthk", x, w["wq"]) + w["bq"]
     k = np.einsum("btd,dhk->bthk", x, w["wk"]) + w["bk"]
     v = np.einsum("btd,dhk->bthk", x, w["wv"]) + w["bv"]
@@ -203,7 +177,7 @@ def test_rotary_position_hook_matches_reference(rng):
 
 
 def _reference_with_hooks(layer, x, bias=None, multiplier=None, pattern=None, value_scale=None):
-    w = _weights(layer)
+    w = attention_weights(layer)
     heads = layer.num_heads
     q = np.einsum("btd,dhk->bhtk", x, w["wq"]) + w["bq"][None, :, None]
     k = np.einsum("btd,dhk->bhtk", x, w["wk"]) + w["bk"][None, :, None]
@@ -237,7 +211,7 @@ def _reference_with_hooks(layer, x, bias=None, multiplier=None, pattern=None, va
 )
 def test_score_pipeline_hooks_match_reference(rng, hooks, reference_kwargs):
     layer = MultiHeadAttention(num_heads=2, **hooks)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     out = checks.to_numpy(layer(x))
     expected = _reference_with_hooks(layer, x, **reference_kwargs)
     np.testing.assert_allclose(out, expected, atol=1e-4, rtol=1e-4)
@@ -257,7 +231,7 @@ def test_hooks_survive_config_and_saving(rng, tmp_path):
     clone = checks.check_config_round_trip(layer)
     assert isinstance(clone.position, RotaryEmbedding) and isinstance(clone.pattern, WindowPattern)
     assert clone.biases[0].has_value_term
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     model = checks.wrap_in_model(layer, [x])
     checks.check_saving(model, [x], tmp_path, atol=1e-5)
 
@@ -265,8 +239,8 @@ def test_hooks_survive_config_and_saving(rng, tmp_path):
 def test_config_round_trip_and_fit_and_saving(rng, tmp_path):
     layer = MultiHeadAttention(num_heads=4, num_key_value_heads=2, dropout=0.1, causal=True)
     checks.check_config_round_trip(layer)
-    x = _inputs(rng)
-    padding = _padding([5, 2], T)
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([5, 2], T)
     model = checks.wrap_in_model(layer, [x], {"padding_mask": padding})
     checks.check_config_round_trip(layer)  # built: head_dim resolved, still round-trips
     checks.check_fit_step(model, [x, padding])
@@ -274,7 +248,7 @@ def test_config_round_trip_and_fit_and_saving(rng, tmp_path):
 
 
 def test_cross_attention_in_a_functional_model(rng, tmp_path):
-    x, memory = _inputs(rng, T, D), _inputs(rng, S, 12)
+    x, memory = random_normal(rng, (B, T, D)), random_normal(rng, (B, S, 12))
     model = checks.wrap_in_model(MultiHeadAttention(num_heads=2), [x, memory])
     checks.check_fit_step(model, [x, memory])
     checks.check_saving(model, [x, memory], tmp_path)
@@ -282,8 +256,8 @@ def test_cross_attention_in_a_functional_model(rng, tmp_path):
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
-    x = _inputs(rng)
-    padding = _padding([5, 0], T)
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([5, 0], T)
     out = checks.check_mixed_precision(
         lambda **kw: MultiHeadAttention(num_heads=4, num_key_value_heads=2, **kw),
         [x],
@@ -301,7 +275,7 @@ def test_mixed_precision(rng, policy):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_fully_padded_sequence_is_finite(rng, dtype):
     layer = MultiHeadAttention(num_heads=2, dtype=dtype)
-    x = keras.ops.cast(_inputs(rng), dtype)
+    x = keras.ops.cast(random_normal(rng, (B, T, D)), dtype)
     padding = np.zeros((B, T), bool)
     for kwargs in ({}, {"return_attention_scores": True}, {"use_causal_mask": True}):
         out = layer(x, padding_mask=padding, **kwargs)
@@ -311,8 +285,8 @@ def test_fully_padded_sequence_is_finite(rng, dtype):
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x = _inputs(rng)
-    padding = _padding([5, 3], T)
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([5, 3], T)
     layer = MultiHeadAttention(num_heads=4, num_key_value_heads=2, position=RotaryEmbedding())
     model = checks.wrap_in_model(layer, [x], {"padding_mask": padding, "use_causal_mask": True})
     checks.check_jit_compile(model, [x, padding])
@@ -334,12 +308,12 @@ def test_bad_configs_raise(kwargs, match):
 
 def test_bad_inputs_raise(rng):
     with pytest.raises(ValueError, match="num_heads=5, hidden_dim=16"):
-        MultiHeadAttention(num_heads=5)(_inputs(rng))
+        MultiHeadAttention(num_heads=5)(random_normal(rng, (B, T, D)))
     with pytest.raises(ValueError, match="rank 3"):
         MultiHeadAttention(num_heads=2)(rng.normal(size=(2, 16)).astype("float32"))
     layer = MultiHeadAttention(num_heads=2)
-    layer(_inputs(rng))
+    layer(random_normal(rng, (B, T, D)))
     with pytest.raises(ValueError, match="width 8"):
-        layer(_inputs(rng, width=8))
+        layer(random_normal(rng, (B, T, 8)))
     with pytest.raises(ValueError, match="init_cache needs head_dim"):
         MultiHeadAttention(num_heads=2).init_cache(1, 4)

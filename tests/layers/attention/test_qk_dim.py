@@ -9,6 +9,7 @@ from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import RotaryEmbedding
 from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
+from tests.layer_checks import random_normal
 from tests.layers.attention.test_syntax_hooks import weights_of
 from tests.models import tiny
 from tests.reference import syntax_attention as ref
@@ -16,14 +17,10 @@ from tests.reference import syntax_attention as ref
 B, T, D, H = 2, 5, 16, 2
 
 
-def _inputs(rng):
-    return rng.normal(size=(B, T, D)).astype("float32")
-
-
 @pytest.mark.parametrize("qk_dim,kv_heads", [(4, 2), (12, 1)])
 def test_matches_reference(rng, qk_dim, kv_heads):
     layer = MultiHeadAttention(H, num_key_value_heads=kv_heads, qk_dim=qk_dim)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     padding = np.arange(T)[None, :] < np.array([[5], [2]])
     out, alpha = checks.split_scores(layer(x, padding_mask=padding, return_attention_scores=True))
     w = weights_of(layer)
@@ -47,7 +44,7 @@ def test_cached_decoding_with_rotary_equals_full_causal_pass(rng, qk_dim, kv_hea
     layer = MultiHeadAttention(
         H, num_key_value_heads=kv_heads, qk_dim=qk_dim, position=RotaryEmbedding()
     )
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     full = checks.to_numpy(layer(x, use_causal_mask=True))
     cache = layer.init_cache(B, T)
     # One tensor for keys and values, zero-padded to the wider of d′ and head_dim.
@@ -64,7 +61,7 @@ def test_cached_decoding_with_rotary_equals_full_causal_pass(rng, qk_dim, kv_hea
 
 def test_cross_attention_cache(rng):
     layer = MultiHeadAttention(H, qk_dim=4)
-    x, memory = _inputs(rng), _inputs(rng)
+    x, memory = random_normal(rng, (B, T, D)), random_normal(rng, (B, T, D))
     full = checks.to_numpy(layer(x, memory))
     out, cache = layer(x[:, :2], memory, cache=layer.init_cache(B, T))
     rest, _ = layer(x[:, 2:], cache=cache)
@@ -93,7 +90,7 @@ def _model(x, policy=None):
 def test_config_fit_and_saving(rng, tmp_path):
     clone = checks.check_config_round_trip(MultiHeadAttention(H, qk_dim=6))
     assert clone.qk_dim == 6
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     model = _model(x)
     checks.check_fit_step(model, [x])
     checks.check_saving(model, [x], tmp_path, atol=1e-5)
@@ -103,13 +100,13 @@ def test_config_fit_and_saving(rng, tmp_path):
 def test_mixed_precision(rng, policy):
     checks.check_mixed_precision(
         lambda **kw: MultiHeadAttention(H, qk_dim=4, position=RotaryEmbedding(), **kw),
-        [_inputs(rng)], {"use_causal_mask": True}, policy=policy,
+        [random_normal(rng, (B, T, D))], {"use_causal_mask": True}, policy=policy,
     )
 
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     checks.check_jit_compile(_model(x), [x])
 
 

@@ -11,14 +11,12 @@ from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import TransformerBlock
 from keras_xf.layers import TransformerStack
 from tests import layer_checks as checks
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
 from tests.reference import attention as ref_attention
 from tests.reference import syntax_attention as ref
 
 B, T, D, H = 2, 5, 16, 2
-
-
-def _inputs(rng, length=T):
-    return rng.normal(size=(B, length, D)).astype("float32")
 
 
 def _matrix(rng, rank=3, length=T, key_length=None, kind="additive"):
@@ -26,10 +24,6 @@ def _matrix(rng, rank=3, length=T, key_length=None, kind="additive"):
     if kind == "additive":
         return rng.normal(size=shape).astype("float32")
     return rng.uniform(0.2, 2.0, size=shape).astype("float32")
-
-
-def _padding(lengths, length=T):
-    return np.arange(length)[None, :] < np.array(lengths)[:, None]
 
 
 def weights_of(layer):
@@ -57,8 +51,8 @@ def weights_of(layer):
 )
 def test_matches_reference_with_padding(rng, kind, rank, guided_heads, kv_heads):
     layer = MultiHeadAttention(H, num_key_value_heads=kv_heads, guided_heads=guided_heads)
-    x, m = _inputs(rng), _matrix(rng, rank, kind=kind)
-    padding = _padding([5, 3])
+    x, m = random_normal(rng, (B, T, D)), _matrix(rng, rank, kind=kind)
+    padding = padding_mask([5, 3], T)
     arg = "attention_bias" if kind == "additive" else "attention_multiplier"
     out, alpha = checks.split_scores(layer(x, padding_mask=padding, return_attention_scores=True, **{arg: m}))
     mask = padding[:, None, None, :]
@@ -84,7 +78,7 @@ def test_matches_reference_with_padding(rng, kind, rank, guided_heads, kv_heads)
 
 def test_additive_and_multiplicative_together_with_causal_mask(rng):
     layer = MultiHeadAttention(H, causal=True)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     add, mul = _matrix(rng), _matrix(rng, 4, kind="multiplicative")
     out = layer(x, attention_bias=add, attention_multiplier=mul)
     mask = ref_attention.causal_mask(T)[None, None]
@@ -96,11 +90,11 @@ def test_additive_and_multiplicative_together_with_causal_mask(rng):
 
 def test_fully_masked_rows_and_minus_infinity_give_no_nan(rng):
     layer = MultiHeadAttention(H, guided_heads=[0])
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     add = _matrix(rng)
     add[0, 1, :] = -np.inf  # a row the syntax forbids entirely
     add[1, :, 2] = -np.inf
-    padding = _padding([5, 0])  # the second example has no real token
+    padding = padding_mask([5, 0], T)  # the second example has no real token
     out, alpha = checks.split_scores(layer(
         x, padding_mask=padding, attention_bias=add,
         attention_multiplier=_matrix(rng, kind="multiplicative"),
@@ -130,7 +124,7 @@ def test_fully_masked_rows_and_minus_infinity_give_no_nan(rng):
 def test_wrong_shapes_raise(rng, arg, shape):
     layer = MultiHeadAttention(H)
     with pytest.raises(ValueError, match=rf"{arg}.*Received: {arg}\.shape=\({shape[0]}"):
-        layer(_inputs(rng), **{arg: np.ones(shape, "float32")})
+        layer(random_normal(rng, (B, T, D)), **{arg: np.ones(shape, "float32")})
 
 
 @pytest.mark.parametrize("guided_heads", [[2], [-1], [0, 0], [], 1, ["0"]])
@@ -141,7 +135,7 @@ def test_bad_guided_heads_raise(guided_heads):
 
 def test_cached_decoding_equals_full_causal_pass(rng):
     layer = MultiHeadAttention(H, num_key_value_heads=1, guided_heads=[1])
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     add, mul = _matrix(rng), _matrix(rng, 4, kind="multiplicative")
     full = checks.to_numpy(
         layer(x, use_causal_mask=True, attention_bias=add, attention_multiplier=mul)
@@ -163,8 +157,8 @@ def _block(**mixer):
 
 
 def test_block_and_stack_pass_the_matrices_to_every_mixer(rng):
-    x, add, mul = _inputs(rng), _matrix(rng), _matrix(rng, kind="multiplicative")
-    padding = _padding([5, 4])
+    x, add, mul = random_normal(rng, (B, T, D)), _matrix(rng), _matrix(rng, kind="multiplicative")
+    padding = padding_mask([5, 4], T)
     stack = TransformerStack(_block(guided_heads=[0]), num_layers=2)
     out = checks.to_numpy(
         stack(x, padding_mask=padding, attention_bias=add, attention_multiplier=mul)
@@ -186,7 +180,7 @@ def test_config_round_trip_fit_and_saving(rng, tmp_path):
     layer = MultiHeadAttention(H, guided_heads=[1, 0], qk_dim=4)
     clone = checks.check_config_round_trip(layer)
     assert clone.guided_heads == [0, 1]
-    x, add = _inputs(rng), _matrix(rng)
+    x, add = random_normal(rng, (B, T, D)), _matrix(rng)
     model = _stack_model(x, add)
     checks.check_fit_step(model, checks.model_inputs([x], {"attention_bias": add}))
     checks.check_saving(model, checks.model_inputs([x], {"attention_bias": add}), tmp_path, 1e-5)
@@ -194,17 +188,18 @@ def test_config_round_trip_fit_and_saving(rng, tmp_path):
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
-    x, add, mul = _inputs(rng), _matrix(rng), _matrix(rng, kind="multiplicative")
+    x, add, mul = random_normal(rng, (B, T, D)), _matrix(rng), _matrix(rng, kind="multiplicative")
     add[0, 0] = -np.inf
     checks.check_mixed_precision(
         lambda **kw: MultiHeadAttention(H, guided_heads=[0], **kw), [x],
-        {"attention_bias": add, "attention_multiplier": mul, "padding_mask": _padding([5, 2])},
+        {"attention_bias": add, "attention_multiplier": mul,
+         "padding_mask": padding_mask([5, 2], T)},
         policy=policy,
     )
 
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x, add = _inputs(rng), _matrix(rng)
+    x, add = random_normal(rng, (B, T, D)), _matrix(rng)
     model = _stack_model(x, add)
     checks.check_jit_compile(model, checks.model_inputs([x], {"attention_bias": add}))

@@ -10,20 +10,14 @@ from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import TransformerBlock
 from keras_xf.layers import TransformerStack
 from tests import layer_checks as checks
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
 from tests.layers.attention.test_qk_dim import _check_cached_logits
 from tests.layers.attention.test_syntax_hooks import weights_of
 from tests.models import tiny
 from tests.reference import syntax_attention as ref
 
 B, T, D, H = 2, 5, 16, 2
-
-
-def _inputs(rng):
-    return rng.normal(size=(B, T, D)).astype("float32")
-
-
-def _padding(lengths):
-    return np.arange(T)[None, :] < np.array(lengths)[:, None]
 
 
 def _stack(num_layers=3, k=2, kv_heads=2, **kwargs):
@@ -36,9 +30,9 @@ def _stack(num_layers=3, k=2, kv_heads=2, **kwargs):
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_given_weights_match_reference(rng, kv_heads):
     layer = MultiHeadAttention(H, num_key_value_heads=kv_heads)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     given = rng.uniform(size=(B, H, T, T)).astype("float32")
-    padding = _padding([5, 3])
+    padding = padding_mask([5, 3], T)
     out = checks.to_numpy(layer(x, padding_mask=padding, attention_weights=given))
     expected, _ = ref.syntax_attention(
         x, x, weights_of(layer), H, kv_heads, mask=padding[:, None, None, :], given_weights=given
@@ -49,15 +43,15 @@ def test_given_weights_match_reference(rng, kv_heads):
 def test_given_weights_with_wrong_shape_raise(rng):
     layer = MultiHeadAttention(H)
     with pytest.raises(ValueError, match=r"attention_weights.*Received: attention_weights.shape"):
-        layer(_inputs(rng), attention_weights=np.ones((B, H + 1, T, T), "float32"))
+        layer(random_normal(rng, (B, T, D)), attention_weights=np.ones((B, H + 1, T, T), "float32"))
 
 
 @pytest.mark.parametrize("k,groups", [(2, [0, 0, 2]), (3, [0, 0, 0]), (1, [0, 1, 2])])
 def test_stack_reuses_the_maps_of_each_group(rng, k, groups):
     assert ref.shared_map_groups(3, k) == groups
     stack = _stack(3, k)
-    x = _inputs(rng)
-    padding = _padding([5, 2])
+    x = random_normal(rng, (B, T, D))
+    padding = padding_mask([5, 2], T)
     out = checks.to_numpy(stack(x, padding_mask=padding, use_causal_mask=True))
     hidden, maps = x, {}
     for index, block in enumerate(stack.blocks):
@@ -80,7 +74,9 @@ def test_stack_reuses_the_maps_of_each_group(rng, k, groups):
 
 def test_fully_padded_example_gives_finite_outputs(rng):
     stack = _stack(2, 2)
-    out = checks.to_numpy(stack(_inputs(rng), padding_mask=_padding([5, 0])))
+    out = checks.to_numpy(
+        stack(random_normal(rng, (B, T, D)), padding_mask=padding_mask([5, 0], T))
+    )
     assert np.all(np.isfinite(out))
 
 
@@ -100,7 +96,7 @@ def test_sharing_needs_an_attention_mixer():
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_cached_decoding_equals_full_causal_pass(rng, kv_heads):
     stack = _stack(3, 2, kv_heads)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     full = checks.to_numpy(stack(x, use_causal_mask=True))
     cache = stack.init_cache(B, T)
     out, cache = stack(x[:, :2], use_causal_mask=True, cache=cache, cache_index=0)
@@ -117,7 +113,7 @@ def test_config_fit_and_saving(rng, tmp_path):
     stack = _stack(3, 2)
     clone = checks.check_config_round_trip(stack)
     assert clone.share_attention_maps == 2
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     model = checks.wrap_in_model(stack, [x], {"use_causal_mask": True})
     checks.check_fit_step(model, [x])
     checks.check_saving(model, [x], tmp_path, atol=1e-5)
@@ -126,14 +122,15 @@ def test_config_fit_and_saving(rng, tmp_path):
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
     checks.check_mixed_precision(
-        lambda **kw: _stack(2, 2, **kw), [_inputs(rng)], {"padding_mask": _padding([5, 0])},
+        lambda **kw: _stack(2, 2, **kw), [random_normal(rng, (B, T, D))],
+        {"padding_mask": padding_mask([5, 0], T)},
         policy=policy,
     )
 
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     checks.check_jit_compile(checks.wrap_in_model(_stack(2, 2), [x]), [x])
 
 

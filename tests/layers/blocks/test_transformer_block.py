@@ -8,12 +8,14 @@ from keras_xf.layers import FeedForward
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import Residual
 from keras_xf.layers import TransformerBlock
+from tests.layer_checks import attention_weights
 from tests.layer_checks import check_config_round_trip
 from tests.layer_checks import check_fit_step
 from tests.layer_checks import check_jit_compile
 from tests.layer_checks import check_mixed_precision
 from tests.layer_checks import check_saving
 from tests.layer_checks import count_params
+from tests.layer_checks import padding_mask
 from tests.layer_checks import to_numpy
 from tests.layer_checks import wrap_in_model
 from tests.layer_checks import xla_only
@@ -66,10 +68,6 @@ def make_encoder_outputs(rng):
     return rng.normal(size=(BATCH, ENC_LENGTH, WIDTH)).astype("float32")
 
 
-def make_padding(length, real_lengths):
-    return np.arange(length)[None, :] < np.asarray(real_lengths)[:, None]
-
-
 def residuals(block):
     found = [block.mixer_residual, block.cross_attention_residual, block.feedforward_residual]
     return [r for r in found if r is not None]
@@ -85,23 +83,6 @@ def randomize_weights(layer, rng):
 
 
 # --- The numpy oracle: reference.multi_head_attention + ffn + layer_norm ----------------------
-
-
-def mha_weights(mha):
-    names = {
-        "wq": mha.query_dense.kernel,
-        "wk": mha.key_dense.kernel,
-        "wv": mha.value_dense.kernel,
-        "wo": mha.output_dense.kernel,
-    }
-    if mha.use_bias:
-        names.update(
-            bq=mha.query_dense.bias,
-            bk=mha.key_dense.bias,
-            bv=mha.value_dense.bias,
-            bo=mha.output_dense.bias,
-        )
-    return {key: to_numpy(value).astype("float64") for key, value in names.items()}
 
 
 def numpy_norm(residual):
@@ -124,7 +105,7 @@ def numpy_block(block, x, padding=None, causal=False, encoder_outputs=None, enco
 
     def self_attention(h):
         return ref_attention.multi_head_attention(
-            h, h, mha_weights(block.mixer), block.mixer.num_heads, mask=mask
+            h, h, attention_weights(block.mixer), block.mixer.num_heads, mask=mask
         )[0]
 
     hidden = placement(self_attention, x, numpy_norm(block.mixer_residual))
@@ -134,7 +115,7 @@ def numpy_block(block, x, padding=None, causal=False, encoder_outputs=None, enco
 
         def cross_attention(h):
             return ref_attention.multi_head_attention(
-                h, enc, mha_weights(block.cross_attention), block.cross_attention.num_heads,
+                h, enc, attention_weights(block.cross_attention), block.cross_attention.num_heads,
                 mask=cross_mask,
             )[0]
 
@@ -218,7 +199,7 @@ def test_weight_count_with_biases_and_rms_norm():
 
 def test_fit_step_encoder(rng):
     x = make_inputs(rng)
-    padding = make_padding(LENGTH, [LENGTH, 3])
+    padding = padding_mask([LENGTH, 3], LENGTH)
     model = wrap_in_model(make_block(dropout=0.1), [x], {"padding_mask": padding})
     check_fit_step(model, [x, padding])
 
@@ -232,7 +213,7 @@ def test_fit_step_decoder(rng):
 
 def test_saving(rng, tmp_path):
     x, enc = make_inputs(rng), make_encoder_outputs(rng)
-    enc_padding = make_padding(ENC_LENGTH, [ENC_LENGTH, 4])
+    enc_padding = padding_mask([ENC_LENGTH, 4], ENC_LENGTH)
     block = make_block(cross=True)
     model = wrap_in_model(
         block,
@@ -265,7 +246,7 @@ def test_mixed_precision(rng, policy, norm_placement):
 def test_fit_step_under_mixed_policy(rng, policy):
     """A compiled (graph / jit) forward and training step in half precision, not just eager."""
     x = make_inputs(rng)
-    padding = make_padding(LENGTH, [LENGTH, 0])  # the second sequence is fully padded
+    padding = padding_mask([LENGTH, 0], LENGTH)  # the second sequence is fully padded
     block = make_block(norm_placement="pre", dtype=policy)
     model = wrap_in_model(block, [x], {"padding_mask": padding, "use_causal_mask": True})
     assert keras.backend.standardize_dtype(model.outputs[0].dtype) == (
@@ -277,7 +258,7 @@ def test_fit_step_under_mixed_policy(rng, policy):
 @xla_only
 def test_jit_compile(rng):
     x = make_inputs(rng)
-    padding = make_padding(LENGTH, [LENGTH, 2])
+    padding = padding_mask([LENGTH, 2], LENGTH)
     model = wrap_in_model(make_block(norm_placement="pre"), [x], {"padding_mask": padding})
     check_jit_compile(model, [x, padding])
 
@@ -289,7 +270,7 @@ def test_post_norm_encoder_block_matches_reference(rng):
     """`H' = LNorm(FFN(S) + S)`, `S = LNorm(MHA(H) + H)` with padding (survey §2.1, §2.4)."""
     block = make_block()
     x = make_inputs(rng)
-    padding = make_padding(LENGTH, [LENGTH, 3])
+    padding = padding_mask([LENGTH, 3], LENGTH)
     block.build(x.shape)
     randomize_weights(block, rng)
     actual = to_numpy(block(x, padding_mask=padding))
@@ -302,7 +283,7 @@ def test_decoder_block_matches_reference(rng, norm_placement):
     """Causal self-attention, cross-attention to padded encoder outputs, FFN (survey §2.6)."""
     block = make_block(cross=True, norm_placement=norm_placement)
     x, enc = make_inputs(rng), make_encoder_outputs(rng)
-    enc_padding = make_padding(ENC_LENGTH, [ENC_LENGTH, 2])
+    enc_padding = padding_mask([ENC_LENGTH, 2], ENC_LENGTH)
     block.build(x.shape, enc.shape)
     randomize_weights(block, rng)
     actual = to_numpy(
@@ -375,10 +356,10 @@ def test_incremental_decoding_equals_full_pass(rng, cross):
 def test_fully_padded_sequence_is_finite(rng, policy, cross):
     block = make_block(cross=cross, dtype=policy)
     x, enc = make_inputs(rng), make_encoder_outputs(rng)
-    padding = make_padding(LENGTH, [LENGTH, 0])
+    padding = padding_mask([LENGTH, 0], LENGTH)
     kwargs = {"padding_mask": padding}
     if cross:
-        kwargs.update(encoder_outputs=enc, encoder_padding_mask=make_padding(ENC_LENGTH, [3, 0]))
+        kwargs.update(encoder_outputs=enc, encoder_padding_mask=padding_mask([3, 0], ENC_LENGTH))
     outputs = to_numpy(block(x, **kwargs)).astype("float32")
     assert outputs.shape == (BATCH, LENGTH, WIDTH)
     assert np.all(np.isfinite(outputs))

@@ -10,6 +10,9 @@ from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import Router
 from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
+from tests.layer_checks import to_float64
 from tests.models.tiny import causal_lm
 from tests.models.tiny import token_batch
 from tests.reference import moe as ref
@@ -18,18 +21,6 @@ from tests.layers.bad_inputs import raises_naming
 
 B, T, D, M, F = 2, 6, 16, 4, 8
 LENGTHS = [T, 4]
-
-
-def _np(x):
-    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
-
-
-def _inputs(rng):
-    return rng.normal(size=(B, T, D)).astype("float32")
-
-
-def _padding(lengths=LENGTHS):
-    return np.arange(T)[None, :] < np.array(lengths)[:, None]
 
 
 def _randomize(layer, rng, scale=0.3):
@@ -45,10 +36,11 @@ def _reference(layer, x, padding_mask=None, capacity=None):
     valid = np.ones(len(h), bool) if padding_mask is None else padding_mask.reshape(-1)
     router = layer.router
     index, gates, probabilities, logits = ref.route(
-        h, _np(router.kernel), None if router.bias is None else _np(router.bias), layer.top_k,
+        h, to_float64(router.kernel), None if router.bias is None else to_float64(router.bias),
+        layer.top_k,
         layer.router_order, layer.normalize_top_k)
     weights = {name: None if getattr(layer, f"expert_{name}") is None
-               else _np(getattr(layer, f"expert_{name}"))
+               else to_float64(getattr(layer, f"expert_{name}"))
                for name in ("kernel_in", "kernel_out", "kernel_gate", "bias_in", "bias_out",
                             "bias_gate")}
 
@@ -60,13 +52,13 @@ def _reference(layer, x, padding_mask=None, capacity=None):
     kept = ref.kept_assignments(index, valid, layer.num_experts, capacity)
     out = ref.mixture_of_experts(h, index, gates, kept, expert_fn)
     if layer.output_bias is not None:
-        out = out + _np(layer.output_bias)
+        out = out + to_float64(layer.output_bias)
     if layer.shared_experts is not None:
         ffn = layer.shared_experts
-        w = {n: _np(getattr(ffn, f"{n}_dense").kernel)[None] for n in ("hidden", "output")}
-        b = {n: _np(getattr(ffn, f"{n}_dense").bias)[None] for n in ("hidden", "output")}
-        gate = None if ffn.gate_dense is None else _np(ffn.gate_dense.kernel)[None]
-        gate_bias = None if ffn.gate_dense is None else _np(ffn.gate_dense.bias)[None]
+        w = {n: to_float64(getattr(ffn, f"{n}_dense").kernel)[None] for n in ("hidden", "output")}
+        b = {n: to_float64(getattr(ffn, f"{n}_dense").bias)[None] for n in ("hidden", "output")}
+        gate = None if ffn.gate_dense is None else to_float64(ffn.gate_dense.kernel)[None]
+        gate_bias = None if ffn.gate_dense is None else to_float64(ffn.gate_dense.bias)[None]
         out = out + ref.expert(h, 0, layer.activation, w["hidden"], w["output"], gate,
                                b["hidden"], b["output"], gate_bias)
     losses = (ref.load_balance_loss(index, probabilities, valid, layer.num_experts),
@@ -88,14 +80,14 @@ def test_sparse_dispatch_matches_dense_reference(rng, config):
     """With room for every assignment, sparse dispatch equals Σ_{i∈π} g_i·FFN_i(h)."""
     config = {"intermediate_dim": F, **config}
     layer = MixtureOfExperts(M, **config)
-    x, mask = _inputs(rng), _padding()
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
     layer(x)
     _randomize(layer, rng)
     outputs = layer(x, padding_mask=mask)
     expected, kept, valid, (balance, z) = _reference(layer, x, mask)
     assert kept[valid].all()
-    np.testing.assert_allclose(_np(outputs), expected, atol=2e-5, rtol=1e-4)
-    losses = [_np(loss) for loss in layer.losses]
+    np.testing.assert_allclose(to_float64(outputs), expected, atol=2e-5, rtol=1e-4)
+    losses = [to_float64(loss) for loss in layer.losses]
     np.testing.assert_allclose(losses, [0.01 * balance, 0.001 * z], rtol=1e-4)
 
 
@@ -103,7 +95,7 @@ def test_capacity_drops_match_reference(rng):
     """Beyond `C = ceil(f·k·N/M)` rows an assignment is dropped (zero), first choices first;
     padding tokens take no rows; the drop rate is recorded."""
     layer = MixtureOfExperts(M, F, top_k=2, capacity_factor=0.5)
-    x, mask = _inputs(rng), _padding()
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
     layer(x)
     _randomize(layer, rng)
     layer.statistics.reset_state()
@@ -111,27 +103,27 @@ def test_capacity_drops_match_reference(rng):
     capacity = int(np.ceil(0.5 * 2 * B * T / M))
     expected, kept, valid, _ = _reference(layer, x, mask, capacity=capacity)
     assert 0 < (~kept[valid]).sum()
-    np.testing.assert_allclose(_np(outputs), expected, atol=2e-5, rtol=1e-4)
-    result = {k.split("/")[-1]: float(_np(v)) for k, v in layer.statistics.result().items()}
+    np.testing.assert_allclose(to_float64(outputs), expected, atol=2e-5, rtol=1e-4)
+    result = {k.split("/")[-1]: float(to_float64(v)) for k, v in layer.statistics.result().items()}
     assert result["drop_rate"] == pytest.approx((~kept[valid]).mean())
     assert sum(result[f"load_{i}"] for i in range(M)) == pytest.approx(1.0)
     # Padding tokens neither take rows nor give outputs.
     other = x.copy()
     other[~mask] = rng.normal(size=other[~mask].shape) * 10
-    again = _np(layer(other, padding_mask=mask))
-    np.testing.assert_allclose(again[mask], _np(outputs)[mask], atol=1e-5)
+    again = to_float64(layer(other, padding_mask=mask))
+    np.testing.assert_allclose(again[mask], to_float64(outputs)[mask], atol=1e-5)
     np.testing.assert_allclose(again[~mask], 0.0, atol=1e-6)
 
 
 def test_expert_receiving_no_tokens_is_fine(rng):
     layer = MixtureOfExperts(M, F, top_k=1, capacity_factor=1.0, router_bias=True)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer(x)
     layer.router.bias.assign(np.array([-1e4] + [0.0] * (M - 1), "float32"))  # expert 0 unused
     layer.statistics.reset_state()
-    outputs = _np(layer(x))
+    outputs = to_float64(layer(x))
     expected, kept, _, _ = _reference(layer, x, capacity=int(np.ceil(B * T / M)))
-    assert _np(layer.router_assignments)[0] == 0
+    assert to_float64(layer.router_assignments)[0] == 0
     assert np.isfinite(outputs).all()
     np.testing.assert_allclose(outputs, expected, atol=2e-5, rtol=1e-4)
 
@@ -141,24 +133,26 @@ def test_router_matches_reference_and_noise_only_in_training(rng, order):
     router = Router(M, top_k=2, order=order, noise_std=1.0, use_bias=True, seed=1)
     x = rng.normal(size=(B, T, D)).astype("float32")
     index, gates, probabilities, logits = router(x)
-    expected = ref.route(x.reshape(-1, D), _np(router.kernel), _np(router.bias), 2, order)
-    np.testing.assert_array_equal(_np(index).reshape(-1, 2), expected[0])
+    expected = ref.route(x.reshape(-1, D), to_float64(router.kernel), to_float64(router.bias), 2,
+                         order)
+    np.testing.assert_array_equal(to_float64(index).reshape(-1, 2), expected[0])
     for actual, want in zip((gates, probabilities, logits), expected[1:]):
         assert keras.backend.standardize_dtype(actual.dtype) == "float32"
-        np.testing.assert_allclose(_np(actual).reshape(want.shape), want, atol=1e-5)
-    noisy = _np(router(x, training=True)[3])
-    assert not np.allclose(noisy, _np(logits))
+        np.testing.assert_allclose(to_float64(actual).reshape(want.shape), want, atol=1e-5)
+    noisy = to_float64(router(x, training=True)[3])
+    assert not np.allclose(noisy, to_float64(logits))
 
 
 def test_gradients_reach_router_and_experts(rng):
     layer = MixtureOfExperts(M, F, top_k=2, activation="swiglu", num_shared_experts=1)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     inputs = keras.Input((T, D))
     model = keras.Model(inputs, layer(inputs))
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    before = {w.path: _np(w).copy() for w in model.trainable_weights}
+    before = {w.path: to_float64(w).copy() for w in model.trainable_weights}
     model.fit(x, np.ones_like(x), epochs=1, batch_size=B, verbose=0)
-    changed = {w.path for w in model.trainable_weights if not np.allclose(_np(w), before[w.path])}
+    changed = {w.path for w in model.trainable_weights
+               if not np.allclose(to_float64(w), before[w.path])}
     for name in ("router/kernel", "expert_kernel_in", "expert_kernel_gate", "expert_kernel_out",
                  "shared_experts/hidden/kernel"):
         assert any(name in path for path in changed), (name, changed)
@@ -169,8 +163,8 @@ def test_config_round_trip_and_weights(rng):
                              num_shared_experts=1, noise_std=0.1, seed=3)
     clone = checks.check_config_round_trip(layer)
     assert clone.capacity_factor is None
-    x = _inputs(rng)
-    model = checks.wrap_in_model(layer, [x], {"padding_mask": _padding()})
+    x = random_normal(rng, (B, T, D))
+    model = checks.wrap_in_model(layer, [x], {"padding_mask": padding_mask(LENGTHS, T)})
     names = sorted(w.name for w in layer.weights if w.trainable and w.name.startswith("expert_"))
     assert names == ["expert_bias_gate", "expert_bias_in", "expert_bias_out",
                      "expert_kernel_gate", "expert_kernel_in", "expert_kernel_out"]
@@ -190,13 +184,14 @@ def test_mixed_float16(rng):
     def make(**kwargs):
         return MixtureOfExperts(M, F, activation="swiglu", num_shared_experts=1, **kwargs)
 
-    outputs = checks.check_mixed_precision(make, [_inputs(rng)], {"padding_mask": _padding()},
+    outputs = checks.check_mixed_precision(make, [random_normal(rng, (B, T, D))],
+                                           {"padding_mask": padding_mask(LENGTHS, T)},
                                            policy=policy)
     assert keras.backend.standardize_dtype(outputs.dtype) == keras.DTypePolicy(policy).compute_dtype
     layer = make(dtype=policy)
-    layer(_inputs(rng))
+    layer(random_normal(rng, (B, T, D)))
     assert all(keras.backend.standardize_dtype(loss.dtype) == "float32" for loss in layer.losses)
-    index, gates, _, logits = layer.router(_inputs(rng))
+    index, gates, _, logits = layer.router(random_normal(rng, (B, T, D)))
     assert keras.backend.standardize_dtype(logits.dtype) == "float32"
 
 
@@ -233,7 +228,7 @@ def test_causal_lm_trains_logs_router_metrics_and_saves(rng, tmp_path):
         assert sum(loads) == pytest.approx(1.0, abs=1e-5)
     # The block passes its padding mask: the last epoch routed the 24 real tokens only.
     for block in model.backbone.transformer_stack.blocks:
-        assert float(_np(block.feedforward.router_total)) == 24 * 2
+        assert float(to_float64(block.feedforward.router_total)) == 24 * 2
     checks.check_saving(model, x, tmp_path, atol=1e-5)
 
 
@@ -268,12 +263,12 @@ def test_bad_configs_raise(kwargs, message):
 @pytest.mark.parametrize("capacity_factor", [1.25, None])
 def test_bad_padding_mask_raises(rng, capacity_factor, mask):
     layer = MixtureOfExperts(M, F, capacity_factor=capacity_factor)
-    raises_naming("padding_mask", lambda: layer(_inputs(rng), padding_mask=mask))
+    raises_naming("padding_mask", lambda: layer(random_normal(rng, (B, T, D)), padding_mask=mask))
 
 
 def test_bad_inputs_raise(rng):
     layer = MixtureOfExperts(M, F)
-    layer(_inputs(rng))
+    layer(random_normal(rng, (B, T, D)))
     raises_naming("inputs", lambda: layer(rng.normal(size=(B, T, D + 2)).astype("float32")))
     router = layer.router
     raises_naming("inputs", lambda: router(rng.normal(size=(B, D + 2)).astype("float32")))

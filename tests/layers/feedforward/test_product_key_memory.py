@@ -4,28 +4,22 @@ import pytest
 
 from keras_xf.layers import ProductKeyMemory
 from tests import layer_checks as checks
+from tests.layer_checks import random_normal
+from tests.layer_checks import to_float64
 from tests.reference import compressed as ref
 from tests.layers.bad_inputs import raises_naming
 
 B, T, D = 2, 5, 16
 
 
-def _inputs(rng, width=D):
-    return rng.normal(size=(B, T, width)).astype("float32")
-
-
-def _np(x):
-    return checks.to_numpy(x).astype("float64")
-
-
 def _reference(layer, x):
     bias = layer.query_dense.bias
     return ref.product_key_memory(
         x.astype("float64"),
-        _np(layer.query_dense.kernel),
-        None if bias is None else _np(bias),
-        _np(layer.sub_keys),
-        _np(layer.values.embeddings),
+        to_float64(layer.query_dense.kernel),
+        None if bias is None else to_float64(bias),
+        to_float64(layer.sub_keys),
+        to_float64(layer.values.embeddings),
         layer.top_k,
     )
 
@@ -39,7 +33,7 @@ def _reference(layer, x):
 )
 def test_matches_brute_force_reference(rng, kwargs):
     layer = ProductKeyMemory(**kwargs)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer(x)
     for w in layer.weights:
         w.assign(rng.normal(size=w.shape).astype("float32"))
@@ -65,7 +59,7 @@ def test_exact_weight_count(kwargs, expected):
 def test_config_round_trip_fit_and_saving(rng, tmp_path):
     layer = ProductKeyMemory(num_keys=6, top_k=3, num_heads=2, query_batch_norm=True)
     checks.check_config_round_trip(layer)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     model = checks.wrap_in_model(layer, [x])
     assert checks.check_config_round_trip(layer).key_dim == D
     checks.check_fit_step(model, [x])
@@ -76,7 +70,7 @@ def test_config_round_trip_fit_and_saving(rng, tmp_path):
 def test_mixed_precision(rng, policy):
     out = checks.check_mixed_precision(
         lambda **kw: ProductKeyMemory(num_keys=6, top_k=3, num_heads=2, query_batch_norm=True, **kw),
-        [_inputs(rng)],
+        [random_normal(rng, (B, T, D))],
         policy=policy,
     )
     assert keras.backend.standardize_dtype(out.dtype) == keras.DTypePolicy(policy).compute_dtype
@@ -84,7 +78,7 @@ def test_mixed_precision(rng, policy):
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     model = checks.wrap_in_model(ProductKeyMemory(num_keys=6, top_k=3, num_heads=2), [x])
     checks.check_jit_compile(model, [x])
 
@@ -111,9 +105,9 @@ def test_bad_configs_raise(kwargs, match):
 
 def test_bad_inputs_raise(rng):
     layer = ProductKeyMemory(num_keys=4, top_k=2)
-    layer(_inputs(rng))
+    layer(random_normal(rng, (B, T, D)))
     with pytest.raises(ValueError, match="width 16"):
-        layer(_inputs(rng, width=8))
+        layer(random_normal(rng, (B, T, 8)))
 
 
 @pytest.mark.parametrize(
@@ -131,5 +125,5 @@ def test_bad_constructor_arguments_raise(kwargs, name):
 
 def test_bad_input_width_names_inputs(rng):
     layer = ProductKeyMemory(num_keys=4, top_k=2)
-    layer(_inputs(rng))
-    raises_naming("inputs", lambda: layer(_inputs(rng, width=8)))
+    layer(random_normal(rng, (B, T, D)))
+    raises_naming("inputs", lambda: layer(random_normal(rng, (B, T, 8))))

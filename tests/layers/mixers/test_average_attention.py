@@ -9,31 +9,22 @@ from keras_xf.layers import AverageAttention
 from tests import layer_checks as checks
 from tests.layers.bad_inputs import bad_padding_masks
 from tests.layers.bad_inputs import raises_naming
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
+from tests.layer_checks import to_float64
 from tests.reference import recurrent as ref
 
 B, T, D = 2, 8, 16
 LENGTHS = [T, 5]
 
 
-def _inputs(rng):
-    return rng.normal(size=(B, T, D)).astype("float32")
-
-
-def _padding(lengths=LENGTHS):
-    return np.arange(T)[None, :] < np.array(lengths)[:, None]
-
-
-def _np(x):
-    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
-
-
 def _reference(layer, x, causal, mask=None, state=None):
     ffn = gate = None
     if layer.use_ffn:
-        ffn = [_np(w) for w in (layer.ffn_inner.kernel, layer.ffn_inner.bias,
+        ffn = [to_float64(w) for w in (layer.ffn_inner.kernel, layer.ffn_inner.bias,
                                 layer.ffn_outer.kernel, layer.ffn_outer.bias)]
     if layer.use_gate:
-        gate = (_np(layer.gate_dense.kernel), _np(layer.gate_dense.bias))
+        gate = (to_float64(layer.gate_dense.kernel), to_float64(layer.gate_dense.bias))
     return ref.average_attention(x, ffn, gate, causal, mask, state)
 
 
@@ -42,21 +33,21 @@ def _reference(layer, x, causal, mask=None, state=None):
     ids=["ffn-gate", "plain-mean", "wide-ffn"],
 )
 def test_matches_reference_with_padding(rng, config):
-    x, mask = _inputs(rng), _padding()
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
     layer = AverageAttention(bias_initializer="random_normal", **config)
     for causal in (True, False):
-        actual = _np(layer(x, padding_mask=mask, use_causal_mask=causal))
+        actual = to_float64(layer(x, padding_mask=mask, use_causal_mask=causal))
         expected, _ = _reference(layer, x, causal, mask)
         np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=1e-4)
 
 
 def test_fully_padded_rows_give_zeros_not_nan(rng):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     mask = np.zeros((B, T), bool)
     mask[1, 4:] = True  # row 1 is left-padded, row 0 fully padded
     layer = AverageAttention(bias_initializer="ones")
     for causal in (True, False):
-        out = _np(layer(x, padding_mask=mask, use_causal_mask=causal))
+        out = to_float64(layer(x, padding_mask=mask, use_causal_mask=causal))
         assert np.all(np.isfinite(out))
         np.testing.assert_array_equal(out[0], 0.0)
         np.testing.assert_array_equal(out[1, :4], 0.0)
@@ -67,25 +58,25 @@ def test_fully_padded_rows_give_zeros_not_nan(rng):
 def test_cached_decoding_equals_full_pass(rng):
     """A prefill of 3 tokens, then one token at a time from `(sum, count)`, equals the full
     causal pass; the final state is the reference's, float32."""
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = AverageAttention(bias_initializer="random_normal")
-    full = _np(layer(x))
+    full = to_float64(layer(x))
     state = layer.init_cache(B, T)
     outputs, state = layer(x[:, :3], cache=state, cache_index=0)
-    pieces = [_np(outputs)]
+    pieces = [to_float64(outputs)]
     for t in range(3, T):
         outputs, state = layer(x[:, t:t + 1], cache=state, cache_index=t)
-        pieces.append(_np(outputs))
+        pieces.append(to_float64(outputs))
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=1e-5)
     expected, (total, count) = _reference(layer, x, causal=True)
     np.testing.assert_allclose(full, expected, atol=1e-5, rtol=1e-4)
     assert [keras.backend.standardize_dtype(s.dtype) for s in state] == ["float32"] * 2
-    np.testing.assert_allclose(_np(state[0]), total, atol=1e-4, rtol=1e-5)
-    np.testing.assert_array_equal(_np(state[1]), count)
+    np.testing.assert_allclose(to_float64(state[0]), total, atol=1e-4, rtol=1e-5)
+    np.testing.assert_array_equal(to_float64(state[1]), count)
 
 
 def test_config_weights_fit_and_saving(rng, tmp_path):
-    x, mask = _inputs(rng), _padding()
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
     layer = AverageAttention(intermediate_dim=24)
     layer.build(x.shape)
     checks.check_config_round_trip(layer)
@@ -100,7 +91,7 @@ def test_config_weights_fit_and_saving(rng, tmp_path):
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
-    x, mask = _inputs(rng), _padding()
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
     checks.check_mixed_precision(lambda dtype: AverageAttention(dtype=dtype), [x],
                                  {"padding_mask": mask}, policy=policy)
     layer = AverageAttention(dtype=policy)
@@ -110,12 +101,12 @@ def test_mixed_precision(rng, policy):
     reference = AverageAttention()
     reference.build(x.shape)
     reference.set_weights(layer.get_weights())
-    np.testing.assert_allclose(_np(outputs), _np(reference(x)), atol=0.05, rtol=0.05)
+    np.testing.assert_allclose(to_float64(outputs), to_float64(reference(x)), atol=0.05, rtol=0.05)
 
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x, mask = _inputs(rng), _padding()
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
     model = checks.wrap_in_model(AverageAttention(), [x], {"padding_mask": mask})
     checks.check_jit_compile(model, checks.model_inputs([x], {"padding_mask": mask}))
 
@@ -129,7 +120,7 @@ def test_bad_configs_and_calls_raise(rng):
     ]:
         with pytest.raises(ValueError, match=match):
             AverageAttention(**kwargs)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = AverageAttention(causal=False)
     with pytest.raises(ValueError, match="attention_mask"):
         layer(x, attention_mask=np.ones((B, T, T), bool))
@@ -145,13 +136,13 @@ def test_bad_configs_and_calls_raise(rng):
 @pytest.mark.parametrize("causal", [True, False])
 def test_bad_padding_mask_raises(rng, causal, mask):
     layer = AverageAttention(causal=causal)
-    raises_naming("padding_mask", lambda: layer(_inputs(rng), padding_mask=mask))
+    raises_naming("padding_mask", lambda: layer(random_normal(rng, (B, T, D)), padding_mask=mask))
 
 
 def test_bad_inputs_and_cache_raise(rng):
     layer = AverageAttention()
-    layer(_inputs(rng))
-    step = _inputs(rng)[:, :1]
+    layer(random_normal(rng, (B, T, D)))
+    step = random_normal(rng, (B, T, D))[:, :1]
     raises_naming("inputs", lambda: layer(rng.normal(size=(B, T, D + 2)).astype("float32")))
     raises_naming("inputs", lambda: layer(rng.normal(size=(B, D)).astype("float32")))
     sums, counts = layer.init_cache(B)

@@ -15,6 +15,9 @@ from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
 from tests.layers.bad_inputs import bad_padding_masks
 from tests.layers.bad_inputs import raises_naming
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
+from tests.layer_checks import to_float64
 from tests.models.tiny import FFN
 from tests.models.tiny import causal_lm
 from tests.models.tiny import randomize_embeddings
@@ -34,18 +37,6 @@ FACTORIES = {
 KINDS = list(FACTORIES)
 
 
-def _inputs(rng, length=T):
-    return rng.normal(size=(B, length, D)).astype("float32")
-
-
-def _padding(lengths=LENGTHS):
-    return np.arange(T)[None, :] < np.array(lengths)[:, None]
-
-
-def _np(x):
-    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
-
-
 def _built(kind, rng, **kwargs):
     """A built layer with every weight randomised (positive moving variances)."""
     layer = FACTORIES[kind](**kwargs)
@@ -59,7 +50,8 @@ def _built(kind, rng, **kwargs):
 
 
 def _dense(layer, x):
-    return ref.dense(x, _np(layer.kernel), None if layer.bias is None else _np(layer.bias))
+    bias = None if layer.bias is None else to_float64(layer.bias)
+    return ref.dense(x, to_float64(layer.kernel), bias)
 
 
 def _reference(layer, x, causal, mask=None, history=None):
@@ -68,27 +60,27 @@ def _reference(layer, x, causal, mask=None, history=None):
     keep = np.ones(x.shape[:2]) if mask is None else np.asarray(mask, np.float64)
     keep = keep[..., None]
     if isinstance(layer, DepthwiseConvolution):
-        bias = None if layer.bias is None else _np(layer.bias)
-        return ref.depthwise(x * keep, _np(layer.kernel), bias, causal, history) * keep
+        bias = None if layer.bias is None else to_float64(layer.bias)
+        return ref.depthwise(x * keep, to_float64(layer.kernel), bias, causal, history) * keep
     if isinstance(layer, ConformerConvolution):
         u = ref.glu(_dense(layer.pointwise_in, x)) * keep
-        v = ref.depthwise(u, _np(layer.depthwise_kernel), _np(layer.depthwise_bias), causal,
-                          history)
+        v = ref.depthwise(u, to_float64(layer.depthwise_kernel),
+                          to_float64(layer.depthwise_bias), causal, history)
         norm = layer.norm
         if layer.normalization == "layer_norm":
-            v = ref.layer_norm(v, _np(norm.gamma), _np(norm.beta), norm.epsilon)
+            v = ref.layer_norm(v, to_float64(norm.gamma), to_float64(norm.beta), norm.epsilon)
         else:
-            v = ref.batch_norm_inference(v, _np(norm.gamma), _np(norm.beta),
-                                         _np(norm.moving_mean), _np(norm.moving_variance),
-                                         norm.epsilon)
+            v = ref.batch_norm_inference(v, to_float64(norm.gamma), to_float64(norm.beta),
+                                         to_float64(norm.moving_mean),
+                                         to_float64(norm.moving_variance), norm.epsilon)
         return _dense(layer.pointwise_out, ref.swish(v)) * keep
     u = x if not layer.use_glu else ref.glu(_dense(layer.input_projection, x))
     u = u * keep
     if isinstance(layer, LightweightConvolution):
-        y = ref.lightweight(u, _np(layer.kernel), causal, layer.weight_softmax, history)
+        y = ref.lightweight(u, to_float64(layer.kernel), causal, layer.weight_softmax, history)
     else:
         dense = layer.kernel_dense
-        y = ref.dynamic(u, _np(dense.kernel), _np(dense.bias), layer.num_heads,
+        y = ref.dynamic(u, to_float64(dense.kernel), to_float64(dense.bias), layer.num_heads,
                         layer.kernel_size, causal, layer.weight_softmax, history)
     if layer.use_glu:
         y = _dense(layer.output_projection, y)
@@ -98,19 +90,20 @@ def _reference(layer, x, causal, mask=None, history=None):
 @pytest.mark.parametrize("kind", KINDS)
 def test_matches_reference_with_padding(rng, kind):
     layer = _built(kind, rng)
-    x = _inputs(rng)
-    mask = _padding()
+    x = random_normal(rng, (B, T, D))
+    mask = padding_mask(LENGTHS, T)
     for causal in (False, True):
-        actual = _np(layer(x, padding_mask=mask, use_causal_mask=causal))
+        actual = to_float64(layer(x, padding_mask=mask, use_causal_mask=causal))
         np.testing.assert_allclose(actual, _reference(layer, x, causal, mask), atol=1e-5,
                                    rtol=1e-4)
         # Whatever the padded positions hold, the valid ones do not change.
-        noisy = np.where(mask[..., None], x, 100.0 * _inputs(rng)).astype("float32")
-        again = _np(layer(noisy, padding_mask=mask, use_causal_mask=causal))
+        noise = 100.0 * random_normal(rng, (B, T, D))
+        noisy = np.where(mask[..., None], x, noise).astype("float32")
+        again = to_float64(layer(noisy, padding_mask=mask, use_causal_mask=causal))
         np.testing.assert_allclose(again, actual, atol=1e-5, rtol=1e-5)
     # A fully padded row gives zeros, never NaN.
     empty = np.stack([np.zeros(T, bool), np.ones(T, bool)])
-    out = _np(layer(x, padding_mask=empty))
+    out = to_float64(layer(x, padding_mask=empty))
     assert np.all(np.isfinite(out)) and np.all(out[0] == 0)
 
 
@@ -119,32 +112,33 @@ def test_cached_decoding_equals_the_full_causal_pass(rng, kind):
     """A prefill of 3 tokens then one token per call, from the rolling cache, equals one
     causal pass; a cache holding earlier inputs acts as the left context (reference)."""
     layer = _built(kind, rng, causal=True)
-    x = _inputs(rng)
-    full = _np(layer(x))
+    x = random_normal(rng, (B, T, D))
+    full = to_float64(layer(x))
     cache = layer.init_cache(B, T)
     outputs, cache = layer(x[:, :3], cache=cache, cache_index=0)
-    pieces = [_np(outputs)]
+    pieces = [to_float64(outputs)]
     for t in range(3, T):
         outputs, cache = layer(x[:, t:t + 1], cache=cache, cache_index=t)
-        pieces.append(_np(outputs))
+        pieces.append(to_float64(outputs))
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=1e-5)
     channels = D if kind != "conformer" else layer.inner_dim
     assert tuple(cache.shape) == (B, layer.kernel_size - 1, channels)
     assert keras.backend.standardize_dtype(cache.dtype) == "float32"
     history = rng.normal(size=tuple(cache.shape)).astype("float32")
     outputs, _ = layer(x[:, :2], cache=history, cache_index=T)
-    np.testing.assert_allclose(_np(outputs), _reference(layer, x[:, :2], True, history=history),
+    np.testing.assert_allclose(to_float64(outputs),
+                               _reference(layer, x[:, :2], True, history=history),
                                atol=1e-5, rtol=1e-4)
 
 
 def test_kernel_size_one_has_an_empty_cache(rng):
     layer = DepthwiseConvolution(1, causal=True)
-    x = _inputs(rng)
-    full = _np(layer(x))
+    x = random_normal(rng, (B, T, D))
+    full = to_float64(layer(x))
     cache = layer.init_cache(B, T)
     assert tuple(cache.shape) == (B, 0, D)
     outputs, cache = layer(x[:, :1], cache=cache, cache_index=0)
-    np.testing.assert_allclose(_np(outputs), full[:, :1], atol=1e-6)
+    np.testing.assert_allclose(to_float64(outputs), full[:, :1], atol=1e-6)
     assert tuple(cache.shape) == (B, 0, D)
 
 
@@ -175,11 +169,12 @@ def test_causal_lm_generates_with_the_cache_and_trains(rng, kind):
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     compute_dtype = keras.DTypePolicy(policy).compute_dtype
     for kind in KINDS:
         out = checks.check_mixed_precision(
-            lambda **kw: FACTORIES[kind](causal=True, **kw), [x], {"padding_mask": _padding()},
+            lambda **kw: FACTORIES[kind](causal=True, **kw), [x],
+            {"padding_mask": padding_mask(LENGTHS, T)},
             policy=policy,
         )
         assert keras.backend.standardize_dtype(out.dtype) == compute_dtype
@@ -190,7 +185,8 @@ def test_mixed_precision(rng, policy):
         reference = FACTORIES[kind](causal=True)
         reference.build(x.shape)
         reference.set_weights(layer.get_weights())
-        np.testing.assert_allclose(_np(outputs), _np(reference(x)), atol=0.1, rtol=0.05)
+        np.testing.assert_allclose(to_float64(outputs), to_float64(reference(x)), atol=0.1,
+                                   rtol=0.05)
 
 
 def _param_count(kind):
@@ -206,7 +202,7 @@ def _param_count(kind):
 
 
 def test_config_round_trip_and_weight_counts(rng):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     for kind in KINDS:
         layer = FACTORIES[kind](causal=kind in ("lightweight", "conformer"), name="mixer")
         layer.build(x.shape)
@@ -234,9 +230,9 @@ def _chain(x):
 
 
 def test_fit_step_and_keras_saving(rng, tmp_path):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     model = _chain(x)
-    inputs = [x, _padding()]
+    inputs = [x, padding_mask(LENGTHS, T)]
     checks.check_fit_step(model, inputs)
     checks.check_saving(model, inputs, tmp_path, atol=1e-5)
 
@@ -247,13 +243,13 @@ def test_dynamic_convolution_summed_in_blocks_matches_reference(rng, monkeypatch
     from keras_xf.layers.mixers import dynamic_convolution
 
     layer = _built("dynamic", rng)
-    x = _inputs(rng)
-    mask = _padding()
-    whole = {causal: _np(layer(x, padding_mask=mask, use_causal_mask=causal))
+    x = random_normal(rng, (B, T, D))
+    mask = padding_mask(LENGTHS, T)
+    whole = {causal: to_float64(layer(x, padding_mask=mask, use_causal_mask=causal))
              for causal in (False, True)}
     monkeypatch.setattr(dynamic_convolution, "POSITION_BLOCK", 3)
     for causal in (False, True):
-        blocked = _np(layer(x, padding_mask=mask, use_causal_mask=causal))
+        blocked = to_float64(layer(x, padding_mask=mask, use_causal_mask=causal))
         np.testing.assert_allclose(blocked, _reference(layer, x, causal, mask), atol=1e-5,
                                    rtol=1e-4)
         np.testing.assert_allclose(blocked, whole[causal], atol=1e-6, rtol=1e-6)
@@ -264,26 +260,26 @@ def test_dynamic_convolution_summed_in_blocks_compiles(rng, monkeypatch):
     from keras_xf.layers.mixers import dynamic_convolution
 
     monkeypatch.setattr(dynamic_convolution, "POSITION_BLOCK", 3)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     inputs = keras.Input(shape=x.shape[1:])
     mask = keras.Input(shape=(T,), dtype="bool")
     outputs = FACTORIES["dynamic"](causal=True)(inputs, padding_mask=mask)
-    checks.check_jit_compile(keras.Model([inputs, mask], outputs), [x, _padding()])
+    checks.check_jit_compile(keras.Model([inputs, mask], outputs), [x, padding_mask(LENGTHS, T)])
 
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x = _inputs(rng)
-    checks.check_jit_compile(_chain(x), [x, _padding()])
+    x = random_normal(rng, (B, T, D))
+    checks.check_jit_compile(_chain(x), [x, padding_mask(LENGTHS, T)])
 
 
 def test_weight_dropout_drops_normalised_taps_when_training(rng):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = LightweightConvolution(3, H, weight_dropout=0.5, seed=0)
-    inference = _np(layer(x))
-    np.testing.assert_allclose(_np(layer(x, training=False)), inference)
-    assert not np.allclose(_np(layer(x, training=True)), inference)
-    kernel = _np(layer.channel_kernel(training=True))
+    inference = to_float64(layer(x))
+    np.testing.assert_allclose(to_float64(layer(x, training=False)), inference)
+    assert not np.allclose(to_float64(layer(x, training=True)), inference)
+    kernel = to_float64(layer.channel_kernel(training=True))
     assert np.any(kernel == 0)
 
 
@@ -307,7 +303,7 @@ def test_bad_configs_raise():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_bad_calls_raise(rng, kind):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = FACTORIES[kind]()
     with pytest.raises(ValueError, match="attention_mask"):
         layer(x, attention_mask=np.ones((B, T, T), bool))
@@ -329,18 +325,18 @@ def test_bad_calls_raise(rng, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_bad_padding_mask_raises(rng, kind, mask):
     layer = FACTORIES[kind]()
-    message = raises_naming("padding_mask", lambda: layer(_inputs(rng), padding_mask=mask))
+    message = raises_naming("padding_mask", lambda: layer(random_normal(rng, (B, T, D)), padding_mask=mask))
     assert f"Received: padding_mask.shape={mask.shape}" in message
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_bad_inputs_and_cache_raise(rng, kind):
     layer = FACTORIES[kind](causal=True)
-    layer(_inputs(rng))
+    layer(random_normal(rng, (B, T, D)))
     raises_naming("inputs", lambda: layer(rng.normal(size=(B, T, D + 2)).astype("float32")))
     raises_naming("inputs", lambda: layer(rng.normal(size=(B, T)).astype("float32")))
     cache = layer.init_cache(B)
-    step = _inputs(rng, 1)
+    step = random_normal(rng, (B, 1, D))
     for bad in (np.zeros((B + 1,) + tuple(cache.shape[1:]), "float32"),
                 np.zeros(tuple(cache.shape[:2]) + (cache.shape[2] + 1,), "float32"),
                 np.zeros(tuple(cache.shape[1:]), "float32")):

@@ -12,6 +12,9 @@ from keras_xf.ops import causal_linear_attention
 from tests import layer_checks as checks
 from tests.layers.bad_inputs import bad_padding_masks
 from tests.layers.bad_inputs import raises_naming
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
+from tests.layer_checks import to_float64
 from tests.models.tiny import FFN
 from tests.models.tiny import causal_lm
 from tests.models.tiny import randomize_embeddings
@@ -22,21 +25,9 @@ B, T, D, H = 2, 8, 16, 2
 LENGTHS = [T, 5]
 
 
-def _inputs(rng):
-    return rng.normal(size=(B, T, D)).astype("float32")
-
-
-def _padding(lengths=LENGTHS):
-    return np.arange(T)[None, :] < np.array(lengths)[:, None]
-
-
-def _np(x):
-    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
-
-
 def _project(dense, x, equation):
-    out = np.einsum(equation, np.asarray(x, np.float64), _np(dense.kernel))
-    return out if dense.bias is None else out + _np(dense.bias)
+    out = np.einsum(equation, np.asarray(x, np.float64), to_float64(dense.kernel))
+    return out if dense.bias is None else out + to_float64(dense.bias)
 
 
 def _sigmoid(x):
@@ -50,15 +41,15 @@ def _reference(layer, x, causal, padding_mask=None, state=None):
                for d in (layer.query_dense, layer.key_dense, layer.value_dense))
     window = None
     if layer.key_convolution is not None:
-        k, window = ref.key_convolution(k, _np(layer.key_convolution_kernel), padding_mask,
+        k, window = ref.key_convolution(k, to_float64(layer.key_convolution_kernel), padding_mask,
                                         None if state is None else state[2])
         state = None if state is None else state[:2]
-    projection = None if layer.projection is None else _np(layer.projection)
+    projection = None if layer.projection is None else to_float64(layer.projection)
     qf = ref.feature_map(q, layer.feature_map, projection)
     kf = ref.feature_map(k, layer.feature_map, projection)
     decay = None
     if layer.decay == "learned":
-        decay = np.broadcast_to(_sigmoid(_np(layer.decay_logit)), q.shape[:3])
+        decay = np.broadcast_to(_sigmoid(to_float64(layer.decay_logit)), q.shape[:3])
     elif layer.decay == "gated":
         decay = _sigmoid(_project(layer.gate_dense, x, "btd,dh->bth"))
     elif layer.decay is not None:
@@ -89,14 +80,14 @@ CONFIGS = [
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c.values())))
 def test_matches_reference(rng, config):
-    x = _inputs(rng)
-    mask = _padding()
+    x = random_normal(rng, (B, T, D))
+    mask = padding_mask(LENGTHS, T)
     forms = [True] if "decay" in config else [False, True]
     layer = LinearAttention(H, chunk_size=3, **config)
     for causal in forms:
         actual = layer(x, padding_mask=mask, use_causal_mask=causal)
         expected, _ = _reference(layer, x, causal, mask)
-        np.testing.assert_allclose(_np(actual), expected, atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(to_float64(actual), expected, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("decay, key_convolution", [(None, None), ("gated", None), ("gated", 4)])
@@ -104,23 +95,23 @@ def test_chunk_parallel_equals_recurrent(rng, decay, key_convolution):
     """One parallel pass (chunks of 3), a prefill of 3 then single tokens from the state, and
     the naive recurrence agree, outputs and final state (with a key convolution of 4, a
     prefill shorter than its window)."""
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = LinearAttention(H, feature_map="elu", decay=decay, chunk_size=3, causal=True,
                             key_convolution=key_convolution)
-    full = _np(layer(x))
+    full = to_float64(layer(x))
     state = layer.init_cache(B, T)
     outputs, state = layer(x[:, :3], cache=state, cache_index=0)
-    pieces = [_np(outputs)]
+    pieces = [to_float64(outputs)]
     for t in range(3, T):
         outputs, state = layer(x[:, t:t + 1], cache=state, cache_index=t)
-        pieces.append(_np(outputs))
+        pieces.append(to_float64(outputs))
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=1e-5)
     expected, expected_state = _reference(layer, x, causal=True)
     np.testing.assert_allclose(full, expected, atol=2e-5, rtol=1e-4)
     assert len(state) == (2 if key_convolution is None else 3)
     assert {keras.backend.standardize_dtype(s.dtype) for s in state} == {"float32"}
     for actual, wanted in zip(state, expected_state):
-        np.testing.assert_allclose(_np(actual), wanted, atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(to_float64(actual), wanted, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 5, 64])
@@ -135,22 +126,22 @@ def test_causal_op_from_a_state_matches_the_recurrence(rng, chunk_size):
     state = np.concatenate([mu0, nu0[..., None]], axis=-1).astype("float32")
     mixed, last = causal_linear_attention(qf, kf, values, np.log(a), 1.0 - a, state, chunk_size)
     expected, (mu, nu) = ref.linear_attention(qf, kf, v, True, decay=a, state=(mu0, nu0))
-    mixed = _np(mixed)
+    mixed = to_float64(mixed)
     np.testing.assert_allclose(mixed[..., :-1] / mixed[..., -1:], expected, atol=1e-5, rtol=1e-4)
-    np.testing.assert_allclose(_np(last), np.concatenate([mu, nu[..., None]], -1), atol=1e-5,
+    np.testing.assert_allclose(to_float64(last), np.concatenate([mu, nu[..., None]], -1), atol=1e-5,
                                rtol=1e-5)
 
 
 def test_fully_padded_rows_give_zeros_not_nan(rng):
     """Rows without a valid key (a fully padded sequence; the left padding of a causal pass)
     read zeros: the output is the output projection's bias."""
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     mask = np.zeros((B, T), bool)
     mask[1, 4:] = True  # row 1 is left-padded
     for causal, decay, size in ((False, None, None), (True, "gated", None), (True, "gated", 2)):
         layer = LinearAttention(H, feature_map="relu", decay=decay, key_convolution=size,
                                 bias_initializer="ones")
-        out = _np(layer(x, padding_mask=mask, use_causal_mask=causal))
+        out = to_float64(layer(x, padding_mask=mask, use_causal_mask=causal))
         assert np.all(np.isfinite(out))
         np.testing.assert_allclose(out[0], np.ones((T, D)), atol=1e-6)
         if causal:
@@ -161,14 +152,14 @@ def test_fully_padded_rows_give_zeros_not_nan(rng):
 
 def test_random_features_approximate_softmax_attention(rng):
     """With many features, `D⁻¹Q′(K′ᵀV)` approaches `Softmax(QKᵀ/√d_h)V` (Performer)."""
-    x = 0.5 * _inputs(rng)
+    x = 0.5 * random_normal(rng, (B, T, D))
     layer = LinearAttention(H, feature_map="random_features", num_features=4096, seed=0,
                             use_bias=False)
     layer.build(x.shape)
     q, k, v = (_project(d, x, "btd,dhk->bthk")
                for d in (layer.query_dense, layer.key_dense, layer.value_dense))
-    approx = _np(layer._features(q, layer.projection, True))
-    keys = _np(layer._features(k, layer.projection, False))
+    approx = to_float64(layer._features(q, layer.projection, True))
+    keys = to_float64(layer._features(k, layer.projection, False))
     mixed = ref.linear_attention(approx, keys, v, causal=False)[0]
     exact = ref.softmax_attention(q, k, v)
     assert np.abs(mixed - exact).mean() < 0.05 * np.abs(exact).mean() + 1e-3
@@ -179,7 +170,8 @@ def test_taylor_features_give_the_second_order_expansion_of_exp(rng):
     layer = LinearAttention(H, feature_map="taylor")
     layer.build((B, T, D))
     q, k = rng.normal(size=(2, B, T, H, D // H)).astype("float32")
-    features = [_np(layer._features(t, None, is_query)) for t, is_query in ((q, True), (k, False))]
+    features = [to_float64(layer._features(t, None, is_query))
+                for t, is_query in ((q, True), (k, False))]
     dim = D // H  # the distinct products x_i x_j, i ≤ j
     assert features[0].shape[-1] == layer.state_features == 1 + dim + dim * (dim + 1) // 2
     s = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(D // H)
@@ -188,22 +180,22 @@ def test_taylor_features_give_the_second_order_expansion_of_exp(rng):
 
 
 def test_redraw_draws_new_features_when_training(rng):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = LinearAttention(H, feature_map="random_features", redraw=True, seed=4)
-    inference = _np(layer(x))
-    fixed = _np(layer.projection).copy()
-    np.testing.assert_allclose(_np(layer(x)), inference)
+    inference = to_float64(layer(x))
+    fixed = to_float64(layer.projection).copy()
+    np.testing.assert_allclose(to_float64(layer(x)), inference)
     layer(x, training=True)
-    first = _np(layer.projection).copy()
+    first = to_float64(layer.projection).copy()
     layer(x, training=True)
-    assert not np.allclose(first, fixed) and not np.allclose(first, _np(layer.projection))
+    assert not np.allclose(first, fixed) and not np.allclose(first, to_float64(layer.projection))
     # Inference uses the stored (last drawn) projection, exactly as the reference does.
     expected, _ = _reference(layer, x, causal=False)
-    np.testing.assert_allclose(_np(layer(x)), expected, atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(to_float64(layer(x)), expected, atol=2e-5, rtol=1e-4)
 
 
 def test_config_weights_fit_and_saving(rng, tmp_path):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
 
     def make(**kwargs):
         return LinearAttention(H, feature_map="random_features", num_features=6,
@@ -217,17 +209,18 @@ def test_config_weights_fit_and_saving(rng, tmp_path):
     assert checks.count_params(layer) == 3 * (D * H * dh + H * dh) + (H * dh * D + D) + gate + dh * 6
     assert len(layer.trainable_weights) == 10 and len(layer.non_trainable_weights) == 1
 
-    model = checks.wrap_in_model(make(), [x], {"padding_mask": _padding()})
-    inputs = checks.model_inputs([x], {"padding_mask": _padding()})
+    model = checks.wrap_in_model(make(), [x], {"padding_mask": padding_mask(LENGTHS, T)})
+    inputs = checks.model_inputs([x], {"padding_mask": padding_mask(LENGTHS, T)})
     checks.check_fit_step(model, inputs)
     projection = next(w for w in model.weights if "projection" in w.path)
     loaded = checks.check_saving(model, inputs, tmp_path)
     kept = next(w for w in loaded.weights if "projection" in w.path)
-    np.testing.assert_array_equal(_np(kept), _np(projection))  # the fixed features, exactly
+    # The fixed features, exactly.
+    np.testing.assert_array_equal(to_float64(kept), to_float64(projection))
 
 
 def test_key_convolution_weights_config_and_saving(rng, tmp_path):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
 
     def make():
         return LinearAttention(H, decay="gated", causal=True, key_convolution=3,
@@ -238,29 +231,30 @@ def test_key_convolution_weights_config_and_saving(rng, tmp_path):
     checks.check_config_round_trip(layer)
     dh = D // H
     assert tuple(layer.key_convolution_kernel.shape) == (3, H, dh)
-    np.testing.assert_array_equal(_np(layer.key_convolution_kernel), np.ones((3, H, dh)))
+    np.testing.assert_array_equal(to_float64(layer.key_convolution_kernel), np.ones((3, H, dh)))
     plain = LinearAttention(H, decay="gated", causal=True)
     plain.build(x.shape)
     assert checks.count_params(layer) == checks.count_params(plain) + 3 * H * dh
     # The default initializer: uniform in ±1/√K.
     default = LinearAttention(H, key_convolution=4)
     default.build(x.shape)
-    assert np.abs(_np(default.key_convolution_kernel)).max() <= 0.5
-    model = checks.wrap_in_model(make(), [x], {"padding_mask": _padding()})
-    inputs = checks.model_inputs([x], {"padding_mask": _padding()})
+    assert np.abs(to_float64(default.key_convolution_kernel)).max() <= 0.5
+    model = checks.wrap_in_model(make(), [x], {"padding_mask": padding_mask(LENGTHS, T)})
+    inputs = checks.model_inputs([x], {"padding_mask": padding_mask(LENGTHS, T)})
     checks.check_fit_step(model, inputs)
     checks.check_saving(model, inputs, tmp_path)
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
 
     def make(dtype):
         return LinearAttention(H, feature_map="random_features", decay="gated", causal=True,
                                chunk_size=3, seed=0, key_convolution=2, dtype=dtype)
 
-    checks.check_mixed_precision(make, [x], {"padding_mask": _padding()}, policy=policy)
+    checks.check_mixed_precision(make, [x], {"padding_mask": padding_mask(LENGTHS, T)},
+                                 policy=policy)
     layer = make(policy)
     layer.build(x.shape)
     outputs, state = layer(x, cache=layer.init_cache(B, T, "float16"), cache_index=0)
@@ -269,20 +263,20 @@ def test_mixed_precision(rng, policy):
                                 chunk_size=3, seed=0, key_convolution=2)
     reference.build(x.shape)
     reference.set_weights(layer.get_weights())
-    np.testing.assert_allclose(_np(outputs), _np(reference(x)), atol=0.05, rtol=0.05)
+    np.testing.assert_allclose(to_float64(outputs), to_float64(reference(x)), atol=0.05, rtol=0.05)
 
 
 @checks.xla_only
 def test_jit_compile_and_redraw_in_compiled_steps(rng):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = LinearAttention(H, feature_map="random_features", redraw=True, decay="gated",
                             causal=True, chunk_size=3, seed=5)
-    model = checks.wrap_in_model(layer, [x], {"padding_mask": _padding()})
-    inputs = checks.model_inputs([x], {"padding_mask": _padding()})
+    model = checks.wrap_in_model(layer, [x], {"padding_mask": padding_mask(LENGTHS, T)})
+    inputs = checks.model_inputs([x], {"padding_mask": padding_mask(LENGTHS, T)})
     checks.check_jit_compile(model, inputs)
-    first = _np(layer.projection).copy()
+    first = to_float64(layer.projection).copy()
     model.fit(inputs, np.zeros((B, T, D)), epochs=1, batch_size=B, verbose=0)
-    assert not np.allclose(first, _np(layer.projection)), "no redraw in the compiled step"
+    assert not np.allclose(first, to_float64(layer.projection)), "no redraw in the compiled step"
 
 
 @pytest.mark.skipif(checks.BACKEND != "tensorflow",
@@ -291,7 +285,7 @@ def test_jit_compile_and_redraw_in_compiled_steps(rng):
 def test_unknown_length_in_a_tensorflow_trace(rng, decay, key_convolution):
     import tensorflow as tf
 
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = LinearAttention(H, decay=decay, causal=True, chunk_size=3,
                             key_convolution=key_convolution)
     layer.build(x.shape)
@@ -302,9 +296,9 @@ def test_unknown_length_in_a_tensorflow_trace(rng, decay, key_convolution):
     traced = tf.function(lambda t, *cache: layer(t, cache=cache, cache_index=2),
                          input_signature=[spec] + [tf.TensorSpec(None)] * len(state))
     actual, actual_state = traced(x[:, 2:], *state)
-    np.testing.assert_allclose(_np(actual), _np(expected), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(to_float64(actual), to_float64(expected), atol=1e-5, rtol=1e-5)
     for got, wanted in zip(actual_state, expected_state):
-        np.testing.assert_allclose(_np(got), _np(wanted), atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(to_float64(got), to_float64(wanted), atol=1e-5, rtol=1e-5)
 
 
 def _lm(**mixer):
@@ -318,13 +312,13 @@ def test_causal_lm_cached_decoding_equals_full_pass(rng):
     lm = randomize_embeddings(_lm(feature_map="elu", decay="gated", key_convolution=3))
     batch = token_batch(rng)
     ids = batch["token_ids"]
-    full = _np(lm.predict(batch, verbose=0))
+    full = to_float64(lm.predict(batch, verbose=0))
     cache = lm.init_cache(B, ids.shape[1])
     logits, _, cache = lm.call_with_cache(ids[:, :2], cache, 0)
-    steps = [_np(logits)]
+    steps = [to_float64(logits)]
     for t in range(2, ids.shape[1]):
         logits, _, cache = lm.call_with_cache(ids[:, t:t + 1], cache, t)
-        steps.append(_np(logits))
+        steps.append(to_float64(logits))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-4, rtol=1e-4)
     # The compiled generation loop (state carried through `keras.ops.while_loop`, a traced
     # step on PyTorch) gives the greedy continuation computed here one token at a time.
@@ -334,7 +328,7 @@ def test_causal_lm_cached_decoding_equals_full_pass(rng):
     for t in range(T - 1):
         logits, _, cache = lm.call_with_cache(tokens[:, t:t + 1], cache, t)
         if t + 1 >= prompts.shape[1]:
-            tokens = np.concatenate([tokens, _np(logits[:, -1]).argmax(-1)[:, None]], axis=1)
+            tokens = np.concatenate([tokens, to_float64(logits[:, -1]).argmax(-1)[:, None]], axis=1)
     np.testing.assert_array_equal(generated, tokens)
 
 
@@ -383,7 +377,7 @@ def test_bad_configs_raise(kwargs, match):
 
 
 def test_bad_calls_raise(rng):
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     with pytest.raises(ValueError, match="decay"):
         LinearAttention(H, decay=0.5)(x, use_causal_mask=False)
     layer = LinearAttention(H, causal=True)
@@ -399,14 +393,14 @@ def test_bad_calls_raise(rng):
 @pytest.mark.parametrize("causal", [True, False])
 def test_bad_padding_mask_raises(rng, causal, mask):
     layer = LinearAttention(H, causal=causal)
-    raises_naming("padding_mask", lambda: layer(_inputs(rng), padding_mask=mask))
+    raises_naming("padding_mask", lambda: layer(random_normal(rng, (B, T, D)), padding_mask=mask))
 
 
 @pytest.mark.parametrize("key_convolution", [None, 3])
 def test_bad_inputs_and_cache_raise(rng, key_convolution):
     layer = LinearAttention(H, causal=True, key_convolution=key_convolution)
-    layer(_inputs(rng))
-    step = _inputs(rng)[:, :1]
+    layer(random_normal(rng, (B, T, D)))
+    step = random_normal(rng, (B, T, D))[:, :1]
     raises_naming("inputs", lambda: layer(rng.normal(size=(B, T, D + 2)).astype("float32")))
     raises_naming("inputs", lambda: layer(rng.normal(size=(B, D)).astype("float32")))
     cache = layer.init_cache(B)

@@ -12,6 +12,9 @@ from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
 from tests.layers.bad_inputs import bad_padding_masks
 from tests.layers.bad_inputs import raises_naming
+from tests.layer_checks import padding_mask
+from tests.layer_checks import random_normal
+from tests.layer_checks import to_float64
 from tests.models.tiny import FFN
 from tests.models.tiny import text_classifier
 from tests.models.tiny import token_batch
@@ -19,18 +22,6 @@ from tests.reference import recurrent as ref
 
 B, T, D = 2, 8, 16
 LENGTHS = [T, 5]
-
-
-def _inputs(rng):
-    return rng.normal(size=(B, T, D)).astype("float32")
-
-
-def _padding(lengths=LENGTHS):
-    return np.arange(T)[None, :] < np.array(lengths)[:, None]
-
-
-def _np(x):
-    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
 
 
 def _set_random_weights(layer, rng):
@@ -67,11 +58,11 @@ CONFIGS = [
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c.values())))
 def test_matches_reference_with_padding(rng, config):
-    x, mask = _inputs(rng), _padding()
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
     layer = RecurrentMixer(**config)
     layer.build(x.shape)
     weights = _set_random_weights(layer, rng)
-    actual = _np(layer(x, padding_mask=mask))
+    actual = to_float64(layer(x, padding_mask=mask))
     expected, _ = _reference(layer, weights, x, mask)
     np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=1e-4)
     assert np.all(actual[1, 5:] == 0.0)
@@ -81,42 +72,42 @@ def test_matches_reference_with_padding(rng, config):
 def test_cached_decoding_equals_full_pass(rng, cell):
     """A prefill of 3 tokens, then one token at a time from the state, equals the full pass;
     the final state is the reference's `(h, c)` / `h`, float32."""
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = RecurrentMixer(cell, units=12)
     layer.build(x.shape)
     weights = _set_random_weights(layer, rng)
-    full = _np(layer(x, use_causal_mask=True))
+    full = to_float64(layer(x, use_causal_mask=True))
     state = layer.init_cache(B, T)
     outputs, state = layer(x[:, :3], cache=state, cache_index=0)
-    pieces = [_np(outputs)]
+    pieces = [to_float64(outputs)]
     for t in range(3, T):
         outputs, state = layer(x[:, t:t + 1], cache=state, cache_index=t)
-        pieces.append(_np(outputs))
+        pieces.append(to_float64(outputs))
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=1e-5)
     expected, expected_state = _reference(layer, weights, x)
     np.testing.assert_allclose(full, expected, atol=1e-5, rtol=1e-4)
     assert len(state) == (2 if cell == "lstm" else 1)
     for actual, wanted in zip(state, expected_state):
         assert keras.backend.standardize_dtype(actual.dtype) == "float32"
-        np.testing.assert_allclose(_np(actual), wanted, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(to_float64(actual), wanted, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_use_cudnn_false_takes_the_generic_loop_with_the_same_result(rng, cell):
     """`use_cudnn=False` reaches the Keras layer (the generic loop, no fused kernel) and
     gives the reference's outputs without a mask, the case the fused kernels take."""
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = RecurrentMixer(cell, units=12, use_cudnn=False)
     layer.build(x.shape)
     assert layer.rnn.use_cudnn is False
     weights = _set_random_weights(layer, rng)
     expected, _ = _reference(layer, weights, x)
-    np.testing.assert_allclose(_np(layer(x)), expected, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(to_float64(layer(x)), expected, atol=1e-5, rtol=1e-4)
     assert checks.check_config_round_trip(layer).use_cudnn is False
 
 
 def test_config_weights_fit_and_saving(rng, tmp_path):
-    x, mask = _inputs(rng), _padding()
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
     layer = RecurrentMixer("gru", units=12, output_dim=10)
     layer.build(x.shape)
     checks.check_config_round_trip(layer)
@@ -135,7 +126,7 @@ def test_config_weights_fit_and_saving(rng, tmp_path):
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
-    x, mask = _inputs(rng), _padding()
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
 
     def make(dtype):
         return RecurrentMixer("lstm", units=12, dtype=dtype)
@@ -148,12 +139,12 @@ def test_mixed_precision(rng, policy):
     reference = make(None)
     reference.build(x.shape)
     reference.set_weights(layer.get_weights())
-    np.testing.assert_allclose(_np(outputs), _np(reference(x)), atol=0.05, rtol=0.05)
+    np.testing.assert_allclose(to_float64(outputs), to_float64(reference(x)), atol=0.05, rtol=0.05)
 
 
 @checks.xla_only
 def test_jit_compile(rng):
-    x, mask = _inputs(rng), _padding()
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
     layer = RecurrentMixer("gru", units=6, bidirectional=True)  # with the projection 12 -> 16
     model = checks.wrap_in_model(layer, [x], {"padding_mask": mask})
     checks.check_jit_compile(model, checks.model_inputs([x], {"padding_mask": mask}))
@@ -182,7 +173,7 @@ def test_bad_configs_and_calls_raise(rng):
     ]:
         with pytest.raises(ValueError, match=match):
             RecurrentMixer(**kwargs)
-    x = _inputs(rng)
+    x = random_normal(rng, (B, T, D))
     layer = RecurrentMixer("lstm")
     with pytest.raises(ValueError, match="attention_mask"):
         layer(x, attention_mask=np.ones((B, T, T), bool))
@@ -200,15 +191,15 @@ def test_bad_configs_and_calls_raise(rng):
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_bad_padding_mask_raises(rng, bidirectional, mask):
     layer = RecurrentMixer("gru", bidirectional=bidirectional)
-    raises_naming("padding_mask", lambda: layer(_inputs(rng), padding_mask=mask))
+    raises_naming("padding_mask", lambda: layer(random_normal(rng, (B, T, D)), padding_mask=mask))
 
 
 def test_bad_inputs_and_cache_raise(rng):
     layer = RecurrentMixer("lstm")
-    layer(_inputs(rng))
-    step = _inputs(rng)[:, :1]
+    layer(random_normal(rng, (B, T, D)))
+    step = random_normal(rng, (B, T, D))[:, :1]
     # A one-step input with a full-length mask was broadcast to [B, T, d] on PyTorch.
-    raises_naming("padding_mask", lambda: layer(step, padding_mask=_padding()))
+    raises_naming("padding_mask", lambda: layer(step, padding_mask=padding_mask(LENGTHS, T)))
     raises_naming("inputs", lambda: layer(rng.normal(size=(B, T, D + 2)).astype("float32")))
     raises_naming("inputs", lambda: layer(rng.normal(size=(B, D)).astype("float32")))
     h, c = layer.init_cache(B)

@@ -11,6 +11,7 @@ from keras_xf.layers import TransformerBlock
 from tests import layer_checks as checks
 from tests.layers.bad_inputs import bad_padding_masks
 from tests.layers.bad_inputs import raises_naming
+from tests.layer_checks import random_normal
 from tests.models.tiny import VOCAB
 from tests.models.tiny import WIDTH
 from tests.models.tiny import causal_lm
@@ -20,10 +21,6 @@ from tests.reference import state_space as reference
 STATE = 4
 LTI_CASES = [("s4d_lin", "zoh"), ("s4d_inv", "bilinear"), ("s4d_real", "euler")]
 SELECTIVE_CASES = [("zoh", "chunked"), ("bilinear", "associative"), ("euler", "sequential")]
-
-
-def _inputs(rng, batch=2, length=9):
-    return rng.normal(size=(batch, length, WIDTH)).astype("float32")
 
 
 def _built(rng, **kwargs):
@@ -85,7 +82,7 @@ def test_hippo_initialisations_match_the_survey_formulas():
 @pytest.mark.parametrize("init,discretization", LTI_CASES)
 def test_time_invariant_matches_the_numpy_recurrence(rng, init, discretization):
     layer = _built(rng, init=init, discretization=discretization)
-    x = _inputs(rng, length=11)  # the kernel's blocks of ⌈√11⌉ = 4 steps, the last one partial
+    x = random_normal(rng, (2, 11, WIDTH))  # the kernel's blocks of ⌈√11⌉ = 4 steps, the last one partial
     expected, _ = _reference(layer, x)
     np.testing.assert_allclose(checks.to_numpy(layer(x)), expected, rtol=1e-4, atol=1e-4)
 
@@ -93,7 +90,7 @@ def test_time_invariant_matches_the_numpy_recurrence(rng, init, discretization):
 @pytest.mark.parametrize("discretization,method", SELECTIVE_CASES)
 def test_selective_matches_the_numpy_recurrence(rng, discretization, method):
     layer = _built(rng, selective=True, discretization=discretization, method=method)
-    x = _inputs(rng)
+    x = random_normal(rng, (2, 9, WIDTH))
     expected, _ = _reference(layer, x)
     np.testing.assert_allclose(checks.to_numpy(layer(x)), expected, rtol=1e-4, atol=1e-4)
 
@@ -102,7 +99,7 @@ def test_selective_matches_the_numpy_recurrence(rng, discretization, method):
 def test_parallel_equals_recurrent_decoding(rng, selective):
     # A prefix of 4 tokens in one cached call, then one token per call.
     layer = _built(rng, selective=selective, init="s4d_real" if selective else "s4d_inv")
-    x = _inputs(rng)
+    x = random_normal(rng, (2, 9, WIDTH))
     full = checks.to_numpy(layer(x))
     cache = layer.init_cache(2, 9, "float32")
     outputs = []
@@ -120,7 +117,7 @@ def test_parallel_equals_recurrent_decoding(rng, selective):
 @pytest.mark.parametrize("selective", [False, True])
 def test_padding_keeps_padded_inputs_out_of_the_state(rng, selective):
     layer = _built(rng, selective=selective)
-    x = _inputs(rng)
+    x = random_normal(rng, (2, 9, WIDTH))
     mask = np.ones((2, 9), bool)
     mask[0, 6:] = False  # right padding
     if selective:
@@ -166,7 +163,7 @@ def test_cached_decoding_in_a_causal_lm_equals_the_full_pass(rng, selective):
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(rng, policy):
-    x = _inputs(rng)
+    x = random_normal(rng, (2, 9, WIDTH))
     for selective in (False, True):
         out = checks.check_mixed_precision(
             lambda **kw: StateSpaceMixer(STATE, selective=selective, **kw), [x], policy=policy
@@ -179,7 +176,7 @@ def test_config_round_trip_and_keras_saving(rng, tmp_path):
                             dt_max=0.2, use_bias=False)
     clone = checks.check_config_round_trip(layer)
     assert clone.init == "s4d_inv" and clone.discretization == "bilinear"
-    x = _inputs(rng)
+    x = random_normal(rng, (2, 9, WIDTH))
     for mixer in (layer, StateSpaceMixer(STATE, selective=True, method="associative")):
         model = checks.wrap_in_model(mixer, [x])
         checks.check_saving(model, [x], tmp_path, atol=1e-5)
@@ -188,7 +185,7 @@ def test_config_round_trip_and_keras_saving(rng, tmp_path):
 @checks.xla_only
 @pytest.mark.parametrize("selective", [False, True])
 def test_jit_compile(rng, selective):
-    x = _inputs(rng)
+    x = random_normal(rng, (2, 9, WIDTH))
     model = checks.wrap_in_model(StateSpaceMixer(STATE, selective=selective, chunk_size=4), [x])
     checks.check_jit_compile(model, [x])
 
@@ -227,14 +224,14 @@ def test_bad_configs_raise():
 @pytest.mark.parametrize("selective", [False, True])
 def test_bad_padding_mask_raises(rng, selective, mask):
     layer = StateSpaceMixer(STATE, selective=selective)
-    raises_naming("padding_mask", lambda: layer(_inputs(rng, length=5), padding_mask=mask))
+    raises_naming("padding_mask", lambda: layer(random_normal(rng, (2, 5, WIDTH)), padding_mask=mask))
 
 
 @pytest.mark.parametrize("selective", [False, True])
 def test_bad_inputs_and_cache_raise(rng, selective):
     layer = StateSpaceMixer(STATE, selective=selective)
-    layer(_inputs(rng, length=5))
-    step = _inputs(rng, length=1)
+    layer(random_normal(rng, (2, 5, WIDTH)))
+    step = random_normal(rng, (2, 1, WIDTH))
     raises_naming("inputs", lambda: layer(rng.normal(size=(2, 5, WIDTH + 2)).astype("float32")))
     raises_naming("inputs", lambda: layer(rng.normal(size=(2, WIDTH)).astype("float32")))
     cache = keras.ops.convert_to_numpy(layer.init_cache(2))

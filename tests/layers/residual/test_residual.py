@@ -7,6 +7,7 @@ import pytest
 from keras_xf.layers import FeedForward
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import Residual
+from tests.layer_checks import attention_weights
 from tests.layer_checks import check_config_round_trip
 from tests.layer_checks import check_fit_step
 from tests.layer_checks import check_jit_compile
@@ -70,23 +71,6 @@ def numpy_ffn(ffn):
         )
     ]
     return lambda h: ref.ffn(h, *params, activation=ref.relu)
-
-
-def mha_weights(mha):
-    names = {
-        "wq": mha.query_dense.kernel,
-        "wk": mha.key_dense.kernel,
-        "wv": mha.value_dense.kernel,
-        "wo": mha.output_dense.kernel,
-    }
-    if mha.use_bias:
-        names.update(
-            bq=mha.query_dense.bias,
-            bk=mha.key_dense.bias,
-            bv=mha.value_dense.bias,
-            bo=mha.output_dense.bias,
-        )
-    return {key: to_numpy(value).astype("float64") for key, value in names.items()}
 
 
 # --- The layer normalisation of survey §2.4 -------------------------------------------------
@@ -286,7 +270,7 @@ def test_cross_attention_context_and_mask_are_passed(rng):
         weight.assign(rng.normal(scale=0.5, size=weight.shape).astype("float32"))
     y = to_numpy(layer(x, context, padding_mask=padding))
     f = lambda h: ref_attention.multi_head_attention(  # noqa: E731
-        h, context.astype("float64"), mha_weights(mha), 2, mask=padding[:, None, None, :]
+        h, context.astype("float64"), attention_weights(mha), 2, mask=padding[:, None, None, :]
     )[0]
     expected = ref.post_norm(f, x.astype("float64"), numpy_norm(layer))
     np.testing.assert_allclose(y, expected, atol=5e-5, rtol=1e-5)
