@@ -210,6 +210,12 @@ class GenerativeTask(FunctionalModel):
             # `c` travels as the loop state so that beam search repeats it with the rows.
             cache = context
             next_logits = self._uncached_step
+        if stop_token_ids:
+            # The loop ends once every row holds a stop id past its prompt, so the positions
+            # still to generate must hold none: an id that is no stop id fills them.
+            filler = next((i for i in (self.pad_token_id, *range(len(stop_token_ids) + 1))
+                           if i not in stop_token_ids), self.pad_token_id)
+            token_ids = ops.where(padding_mask, token_ids, ops.cast(filler, token_ids.dtype))
         token_ids = sampler(
             next=next_logits,
             prompt=token_ids,
@@ -220,8 +226,11 @@ class GenerativeTask(FunctionalModel):
             hidden_states=hidden,
             model=self,
         )
-        return {ids_key: token_ids,
-                mask_key: output_padding_mask(token_ids, padding_mask, stop_token_ids)}
+        output_mask = output_padding_mask(token_ids, padding_mask, stop_token_ids)
+        if stop_token_ids:
+            # Past its stop id a row holds padding, whatever the other rows went on to do.
+            token_ids = ops.where(output_mask, token_ids, ops.cast(self.pad_token_id, token_ids.dtype))
+        return {ids_key: token_ids, mask_key: output_mask}
 
     def _decode_step(self, prompt, cache, index):
         """The cached step of the loop: feeds the token at `index - 1`; returns the logits
