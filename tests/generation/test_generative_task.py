@@ -22,7 +22,7 @@ import pytest
 from keras_xf.models import CausalLM
 from keras_xf.models import Seq2SeqLM
 from keras_xf.models import VisionLanguageLM
-from keras_xf.models.generative_task import GenerativeTask
+from keras_xf.models import GenerativeTask
 from tests.models.tiny import randomize_embeddings
 
 VOCAB, MAX_LENGTH, IMAGE_SHAPE = 20, 8, (4, 4, 1)
