@@ -1,4 +1,10 @@
-"""Prompt packing for generation: plain prompts or keras-hub style dicts to padded batches."""
+"""Prompt packing for generation: plain prompts or keras-hub style dicts to padded batches.
+
+One input contract for every generating task: a dict with token ids and an optional padding
+mask, a padded 2-D array (or a 1-D array, one prompt), and a list of lists (ragged prompts)
+describe the same prompts. Without a mask, entries equal to `pad_token_id` in an array are
+padding; in a list every entry is a token.
+"""
 
 import numpy as np
 from keras import ops
@@ -30,58 +36,111 @@ class PackedPrompts:
         shortest = int(self.padding_mask.sum(axis=1).min())
         return 1 << (shortest.bit_length() - 1)
 
-    def unpack(self, token_ids, padding_mask):
-        """Results in the structure the prompts came in."""
+    def unpack(self, token_ids, padding_mask, form=None, keys=("token_ids", "padding_mask")):
+        """Results in the structure the prompts came in (or in `form`); a dict result uses
+        `keys`."""
         token_ids = np.asarray(ops.convert_to_numpy(token_ids))
         padding_mask = np.asarray(ops.convert_to_numpy(padding_mask)).astype(bool)
-        if self.form == "dict":
-            return {"token_ids": token_ids, "padding_mask": padding_mask}
-        if self.form == "single":
+        form = form or self.form
+        if form == "dict":
+            return {keys[0]: token_ids, keys[1]: padding_mask}
+        if form == "single":
             return token_ids[0][padding_mask[0]]
-        if self.form == "list":
+        if form == "list":
             return [row[mask].tolist() for row, mask in zip(token_ids, padding_mask)]
         return token_ids
 
 
-def _left_align(token_ids, padding_mask):
+def check_keys(inputs, allowed, required=()):
+    """Raises a `ValueError` for a dict of generation inputs with unknown or missing keys."""
+    unknown = sorted(set(inputs) - set(allowed))
+    missing = [key for key in required if key not in inputs]
+    if unknown or missing:
+        raise ValueError(
+            f"inputs must be a dict with keys among {list(allowed)} (required: "
+            f"{list(required)}). Received: keys {sorted(inputs)}"
+        )
+
+
+def _array(value, name, dtype):
+    try:
+        return np.asarray(ops.convert_to_numpy(value)).astype(dtype)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{name} must be an array of {dtype} or a list of them. Received: {name}={value!r}"
+        ) from error
+
+
+def _left_align(token_ids, padding_mask, name):
     """Moves each row's prompt to start at column 0 (left-padded prompts become right-padded)."""
     aligned_ids = np.zeros_like(token_ids)
     aligned_mask = np.zeros_like(padding_mask)
     for row, (ids, mask) in enumerate(zip(token_ids, padding_mask)):
         tokens = ids[mask]
-        if not np.array_equal(np.flatnonzero(mask), np.arange(len(tokens)) + np.argmax(mask)):
+        if tokens.size and not np.array_equal(np.flatnonzero(mask), np.arange(len(tokens)) + np.argmax(mask)):
             raise ValueError(
-                "Each row of padding_mask must mark one contiguous prompt. Received a row "
-                f"with mask {mask.astype(int).tolist()}"
+                f"Each row of {name} must hold one contiguous prompt (padding before or after "
+                f"it). Received a row whose prompt mask is {mask.astype(int).tolist()}"
             )
         aligned_ids[row, : len(tokens)] = tokens
         aligned_mask[row, : len(tokens)] = True
     return aligned_ids, aligned_mask
 
 
-def pack_prompts(inputs, max_length=None, default_max_length=None, pad_token_id=0):
+def _is_ragged(inputs):
+    return isinstance(inputs, (list, tuple)) and len(inputs) > 0 and isinstance(
+        inputs[0], (list, tuple, np.ndarray))
+
+
+def pack_prompts(inputs, max_length=None, default_max_length=None, pad_token_id=0,
+                 keys=("token_ids", "padding_mask")):
     """Packs prompts into a `PackedPrompts` of length `max_length`.
 
-    Accepted forms: a dict with `token_ids` and `padding_mask` (keras-hub's form: ids padded to
-    the output length, the mask marking the prompt; left or right padding), a 2-D array of
-    equal-length prompts, a 1-D array or list (one prompt), or a list of lists (ragged).
+    Accepted forms, all describing the same prompts:
+    - a dict with `keys[0]` (token ids `[B, W]`) and optionally `keys[1]` (a mask `[B, W]`
+      marking the prompt; left or right padding); without the mask, `pad_token_id` entries
+      are padding;
+    - a 2-D array `[B, W]` of prompts padded with `pad_token_id` (left or right), or a 1-D
+      array (one prompt, padding stripped likewise);
+    - a list of lists (ragged prompts, every entry a token), or a list of ints (one prompt).
+
+    `max_length` defaults to the dict's width, else to `default_max_length`, else to the
+    packed width.
 
     Raises:
-        ValueError: for empty prompts, prompts longer than `max_length`, or a mask that is not
-            one contiguous run per row. Nothing is truncated.
+        ValueError, naming the argument: for empty prompts, prompts longer than
+            `max_length`, a mask of another shape than the ids, ids of rank other than 2
+            (1 for a single prompt), or a mask that is not one contiguous run per row.
+            Nothing is truncated.
     """
+    ids_name, mask_name = keys
     if isinstance(inputs, dict):
-        if "token_ids" not in inputs:
-            raise ValueError(f"A dict prompt needs 'token_ids'. Received keys: {sorted(inputs)}")
-        token_ids = np.asarray(ops.convert_to_numpy(inputs["token_ids"])).astype("int32")
-        if "padding_mask" in inputs:
-            mask = np.asarray(ops.convert_to_numpy(inputs["padding_mask"])).astype(bool)
+        if ids_name not in inputs:
+            raise ValueError(f"A dict of prompts needs {ids_name!r}. Received: keys {sorted(inputs)}")
+        token_ids = _array(inputs[ids_name], ids_name, "int32")
+        if token_ids.ndim != 2:
+            raise ValueError(
+                f"{ids_name} must be 2-D [batch, length]. Received: {ids_name}.shape="
+                f"{token_ids.shape}"
+            )
+        if mask_name in inputs and inputs[mask_name] is not None:
+            mask = _array(inputs[mask_name], mask_name, bool)
+            if mask.shape != token_ids.shape:
+                raise ValueError(
+                    f"{mask_name} must have the shape of {ids_name}. Received: {mask_name}."
+                    f"shape={mask.shape}, {ids_name}.shape={token_ids.shape}"
+                )
         else:
             mask = token_ids != pad_token_id
-        token_ids, mask = _left_align(token_ids, mask)
         form = "dict"
-    elif (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (list, tuple, np.ndarray))):
-        rows = [np.asarray(row, "int32").reshape(-1) for row in inputs]
+    elif _is_ragged(inputs):
+        rows = [_array(row, ids_name, "int32") for row in inputs]
+        for row in rows:
+            if row.ndim != 1:
+                raise ValueError(
+                    f"A list of prompts must hold 1-D prompts. Received: a prompt of shape "
+                    f"{row.shape} in {ids_name}"
+                )
         width = max(len(row) for row in rows)
         token_ids = np.full((len(rows), width), pad_token_id, "int32")
         mask = np.zeros((len(rows), width), bool)
@@ -90,26 +149,38 @@ def pack_prompts(inputs, max_length=None, default_max_length=None, pad_token_id=
             mask[index, : len(row)] = True
         form = "list"
     else:
-        array = np.asarray(ops.convert_to_numpy(inputs)).astype("int32")
+        array = _array(inputs, ids_name, "int32")
+        if array.ndim not in (1, 2):
+            raise ValueError(
+                f"{ids_name} must be 2-D [batch, length] or one 1-D prompt. Received: "
+                f"{ids_name}.shape={array.shape}"
+            )
         form = "single" if array.ndim == 1 else "array"
         token_ids = array.reshape(1, -1) if array.ndim == 1 else array
-        if token_ids.ndim != 2:
-            raise ValueError(f"Prompts must be 1-D or 2-D. Received shape {array.shape}")
-        mask = np.ones_like(token_ids, dtype=bool)
+        if isinstance(inputs, (list, tuple)):  # a list of ints: every entry a token
+            mask = np.ones_like(token_ids, dtype=bool)
+        else:
+            mask = token_ids != pad_token_id
+    token_ids, mask = _left_align(token_ids, mask, ids_name)
 
     lengths = mask.sum(axis=1)
-    if np.any(lengths == 0):
-        raise ValueError(f"Every prompt needs at least one token. Received lengths {lengths.tolist()}")
+    if token_ids.shape[0] == 0 or np.any(lengths == 0):
+        raise ValueError(
+            f"Every prompt in {ids_name} needs at least one token. Received lengths "
+            f"{lengths.tolist()}"
+        )
     if max_length is None:
         max_length = token_ids.shape[1] if form == "dict" else default_max_length
     if max_length is None:
-        raise ValueError("max_length is required for these prompts.")
-    if lengths.max() > max_length or token_ids.shape[1] > max_length and form == "dict" and (
-        mask[:, max_length:].any()
+        max_length = token_ids.shape[1]
+    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or (
+        max_length <= 0
     ):
+        raise ValueError(f"max_length must be a positive int. Received: max_length={max_length!r}")
+    if lengths.max() > max_length:
         raise ValueError(
-            f"A prompt is longer than max_length. Received: prompt lengths {lengths.tolist()}, "
-            f"max_length={max_length}"
+            f"A prompt in {ids_name} is longer than max_length. Received: prompt lengths "
+            f"{lengths.tolist()}, max_length={max_length}"
         )
     width = token_ids.shape[1]
     if width < max_length:

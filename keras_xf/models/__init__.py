@@ -1,6 +1,7 @@
 """keras_xf models: functional backbones and tasks built from block templates."""
 
 from keras_xf.models.causal_lm import CausalLM
+from keras_xf.models.generative_task import GenerativeTask
 from keras_xf.models.presets import PRESETS
 from keras_xf.models.presets import preset_names
 from keras_xf.models.seq2seq_backbone import Seq2SeqBackbone

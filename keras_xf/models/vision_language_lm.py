@@ -4,12 +4,7 @@ import numpy as np
 import keras
 from keras import ops
 
-from keras_xf.generation.compile import CompiledFunctions
-from keras_xf.generation.compile import compile_generate_function
-from keras_xf.generation.compile import traced_run_loop
-from keras_xf.generation.prompts import output_padding_mask
-from keras_xf.generation.prompts import pack_prompts
-from keras_xf.generation.sampling import get_sampler
+from keras_xf.generation.prompts import check_keys
 from keras_xf.layers.attention.prefix_attention_mask import PrefixAttentionMask
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
@@ -18,10 +13,10 @@ from keras_xf.layers.cloning import serialize_layer
 from keras_xf.layers.embeddings.patch_embedding import PatchEmbedding
 from keras_xf.layers.embeddings.patch_position_embedding import PatchPositionEmbedding
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
-from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
 from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import prepare_block
+from keras_xf.models.generative_task import GenerativeTask
 
 FUSIONS = ("prefix", "cross_attention")
 IMAGE, TEXT = 0, 1  # rows of the modality embedding
@@ -76,7 +71,7 @@ def _validate(vocabulary_size, image_shape, patch_size, num_layers, hidden_dim,
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class VisionLanguageLM(FunctionalModel):
+class VisionLanguageLM(GenerativeTask):
     """`P(y_i | y_<i, image)`: a text decoder conditioned on image patches (survey §6.5).
 
     The image `[H, W, C]` is cut into `N = HW/P²` patches, each flattened and mapped to `d`
@@ -122,6 +117,11 @@ class VisionLanguageLM(FunctionalModel):
 
     Inputs: `{"images": float [B, H, W, C], "token_ids": int [B, T], "padding_mask": [B, T]}`.
     Outputs: float32 logits `[B, T, vocabulary_size]` over the text positions.
+
+    `generate` (from `GenerativeTask`) takes `{"images", "token_ids", "padding_mask"}`:
+    `token_ids` a padded 2-D array (`pad_token_id` entries are padding unless
+    `padding_mask` is given) or a list of lists, and `[start_token_id]` per image when
+    absent; results follow the form of the prompts (a dict when `padding_mask` is given).
 
     Example:
     >>> model = VisionLanguageLM(vocabulary_size=20, image_shape=(8, 8, 1), patch_size=4,
@@ -220,9 +220,8 @@ class VisionLanguageLM(FunctionalModel):
         }
         image_states = self.encode_images(inputs["images"])
         hidden = self._decode(image_states, inputs["token_ids"], inputs["padding_mask"])
-        logits = ops.cast(self.embeddings(hidden, reverse=True), "float32")
-        super().__init__(inputs=inputs, outputs=logits, name=name, dtype=dtype,
-                         trainable=trainable)
+        super().__init__(inputs=inputs, outputs=self._logits(hidden), pad_token_id=pad_token_id,
+                         name=name, dtype=dtype, trainable=trainable)
 
         # Config
         self.vocabulary_size = vocabulary_size
@@ -245,24 +244,7 @@ class VisionLanguageLM(FunctionalModel):
         self.dropout = dropout
         self.tie_embeddings = tie_embeddings
         self.embedding_scale = embedding_scale
-        self.pad_token_id = pad_token_id
         self.start_token_id = start_token_id
-        self.sampler = get_sampler("greedy")
-        self._generate_functions = CompiledFunctions()
-
-    def compile(self, optimizer="auto", loss="auto", weighted_metrics="auto", sampler="greedy",
-                **kwargs):
-        """Keras `compile` with defaults (AdamW, sparse cross-entropy on logits, accuracy);
-        `sampler` is the default of `generate`."""
-        if optimizer == "auto":
-            optimizer = keras.optimizers.AdamW(1e-3, weight_decay=0.01)
-        if loss == "auto":
-            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        if weighted_metrics == "auto":
-            weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-        self.sampler = get_sampler(sampler)
-        self._generate_functions = CompiledFunctions()
-        super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
 
     # Inputs ---------------------------------------------------------------------------
     def _check_images(self, inputs):
@@ -340,123 +322,75 @@ class VisionLanguageLM(FunctionalModel):
         """Logits `[B, t, V]`, hidden states and the new cache for `t` text tokens at text
         position `cache_index`. Pass `image_states` on the first call (`cache_index=0`) to
         write the image into the cache; later calls reuse it."""
-        text = self._embed_text(token_ids, start_index=cache_index)
-        if self.fusion == "prefix":
-            if image_states is not None:
-                sequence = ops.concatenate([image_states, text], axis=1)
-                key_length = ops.shape(cache[0])[2]  # [B, 2, S, Hkv, Dh] per layer
-                hidden, cache = self.decoder(
-                    sequence, attention_mask=self.prefix_mask(sequence, key_length=key_length),
-                    use_causal_mask=False, cache=cache, cache_index=0,
-                )
-                hidden = hidden[:, self.num_patches:]
-            else:
-                # After the image, the prefix-LM field of a text query is the causal one.
-                hidden, cache = self.decoder(
-                    text, use_causal_mask=True, cache=cache,
-                    cache_index=cache_index + self.num_patches,
-                )
-        else:
-            hidden, cache = self.decoder(
-                text, encoder_outputs=image_states, use_causal_mask=True, cache=cache,
+        hidden, cache = self._cached_hidden(token_ids, cache, cache_index, image_states)
+        return self._logits(hidden), hidden, cache
+
+    def _cached_hidden(self, token_ids, cache, cache_index, image_states=None):
+        """Text hidden states and the new cache; with the prefix form and `image_states`,
+        `token_ids=None` writes the image alone (hidden states `None`)."""
+        if self.fusion != "prefix":
+            return self.decoder(
+                self._embed_text(token_ids, start_index=cache_index),
+                encoder_outputs=image_states, use_causal_mask=True, cache=cache,
                 cache_index=cache_index,
             )
-        logits = ops.cast(self.embeddings(hidden, reverse=True), "float32")
-        return logits, hidden, cache
-
-    def generate_step(self, images, token_ids, padding_mask, stop_token_ids=None, sampler=None,
-                      use_cache=True):
-        """A compilable generation: encodes the image once; with the cache, one pass writes
-        the image (and the prompt's width) into the caches, then the loop decodes one text
-        token per step. Without the cache, each step reruns the whole model."""
-        sampler = sampler or self.sampler
-        padding_mask = ops.cast(padding_mask, "bool")
-        image_states = self.encode_images(images)
-        index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
-        hidden = None
-        if use_cache:
-            state = self.init_cache(ops.shape(token_ids)[0], ops.shape(token_ids)[1])
-            _, hidden, state = self.call_with_cache(token_ids, state, 0, image_states)
-
-            def next_logits(prompt, cache, index):
-                last = ops.slice(prompt, (0, index - 1), (ops.shape(prompt)[0], 1))
-                logits, hidden, cache = self.call_with_cache(last, cache, index - 1)
-                return logits[:, 0], hidden[:, 0], cache
-        else:
-            # The image states travel as the loop state so that beam search repeats them.
-            state = image_states
-
-            def next_logits(prompt, image_states, index):
-                hidden = self._decode(image_states, prompt, ops.ones_like(prompt))
-                hidden = ops.take(hidden, index - 1, axis=1)
-                logits = self.embeddings(hidden[:, None], reverse=True)
-                return ops.cast(logits[:, 0], "float32"), hidden, image_states
-
-        token_ids = sampler(
-            next=next_logits,
-            prompt=token_ids,
-            cache=state,
-            index=index,
-            mask=padding_mask,
-            stop_token_ids=stop_token_ids,
-            hidden_states=hidden,
-            model=self,
-        )
-        return token_ids, output_padding_mask(token_ids, padding_mask, stop_token_ids)
-
-    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
-                 use_cache=True):
-        """Generates text about images with a KV cache, in one compiled loop.
-
-        Args:
-            inputs: a dict with `images` `[B, H, W, C]` and optionally `token_ids` (text
-                prompts: a 2-D array, a list of lists, or with `padding_mask` marking them as
-                in `CausalLM.generate`); without `token_ids` each prompt is
-                `[start_token_id]`.
-            max_length: text length; defaults to the prompt dict's width, else
-                `max_sequence_length`.
-            stop_token_ids: ids that end a sequence.
-            sampler: a keras-hub sampler or name; defaults to the one given to `compile`.
-            use_cache: bool; `False` reruns the whole model at each step (same tokens).
-
-        Returns:
-            The prompts' structure: a dict with `token_ids` and `padding_mask`, an array
-            `[B, max_length]`, or lists of ids.
-        """
-        self._check_images(inputs)
-        images = np.asarray(ops.convert_to_numpy(inputs["images"]), "float32")
-        if "token_ids" in inputs:
-            prompts = inputs["token_ids"]
-            if "padding_mask" in inputs:
-                prompts = {"token_ids": prompts, "padding_mask": inputs["padding_mask"]}
-        else:
-            prompts = [[self.start_token_id]] * images.shape[0]
-        packed = pack_prompts(prompts, max_length=max_length,
-                              default_max_length=self.max_sequence_length,
-                              pad_token_id=self.pad_token_id)
-        if packed.token_ids.shape[0] != images.shape[0]:
-            raise ValueError(
-                "images and token_ids need the same batch size. Received: "
-                f"{images.shape[0]} images, {packed.token_ids.shape[0]} prompts"
+        if image_states is None:
+            # After the image, the prefix-LM field of a text query is the causal one.
+            return self.decoder(
+                self._embed_text(token_ids, start_index=cache_index), use_causal_mask=True,
+                cache=cache, cache_index=cache_index + self.num_patches,
             )
-        stop = tuple(stop_token_ids) if stop_token_ids is not None else None
-        key = (sampler if isinstance(sampler, str) else id(sampler or self.sampler), stop,
-               use_cache)
-        if key not in self._generate_functions:
-            sampler = get_sampler(sampler) if sampler is not None else self.sampler
-            if use_cache:
-                sampler = traced_run_loop(self, sampler)
-
-            def step(images, token_ids, padding_mask):
-                return self.generate_step(images, token_ids, padding_mask, stop, sampler,
-                                          use_cache)
-
-            self._generate_functions[key] = compile_generate_function(self, step, sampler)
-        token_ids, padding_mask = self._generate_functions[key](
-            ops.convert_to_tensor(images), ops.convert_to_tensor(packed.token_ids),
-            ops.convert_to_tensor(packed.padding_mask),
+        sequence = image_states
+        if token_ids is not None:
+            text = self._embed_text(token_ids, start_index=cache_index)
+            sequence = ops.concatenate([image_states, text], axis=1)
+        key_length = ops.shape(cache[0])[2]  # [B, 2, S, Hkv, Dh] per layer
+        hidden, cache = self.decoder(
+            sequence, attention_mask=self.prefix_mask(sequence, key_length=key_length),
+            use_causal_mask=False, cache=cache, cache_index=0,
         )
-        return packed.unpack(token_ids, padding_mask)
+        return (None if token_ids is None else hidden[:, self.num_patches:]), cache
+
+    # Hooks of `GenerativeTask` ------------------------------------------------------------
+    @property
+    def _output_embeddings(self):
+        return self.embeddings
+
+    @property
+    def _generation_stack(self):
+        return self.decoder
+
+    def _generate_inputs(self, inputs, max_length):
+        self._check_images(inputs)
+        check_keys(inputs, ("images",) + self.prompt_keys, required=("images",))
+        images = np.asarray(ops.convert_to_numpy(inputs["images"]), "float32")
+        prompts = inputs.get("token_ids")
+        if prompts is None:
+            prompts = [[self.start_token_id]] * images.shape[0]
+        elif "padding_mask" in inputs:
+            prompts = {key: inputs[key] for key in self.prompt_keys}
+        prompts = self._pack_prompts(prompts, max_length)
+        return prompts, {"images": images}, prompts.unpack
+
+    def _generation_context(self, images):
+        return self.encode_images(images)
+
+    def _init_generation_cache(self, batch_size, max_length, image_states):
+        return self.init_cache(batch_size, max_length)
+
+    def _prefill(self, token_ids, cache, image_states):
+        if token_ids is None and self.fusion != "prefix":
+            batch_size = ops.shape(image_states)[0]
+            return None, self._prefill_cross_attention(cache, batch_size,
+                                                       image_states=image_states)
+        return self._cached_hidden(token_ids, cache, 0, image_states)
+
+    def _decode_token(self, token_ids, cache, cache_index):
+        hidden, cache = self._cached_hidden(token_ids, cache, cache_index)
+        return self._logits(hidden)[:, 0], hidden[:, 0], cache
+
+    def _uncached_hidden(self, token_ids, image_states):
+        return self._decode(image_states, token_ids, ops.ones_like(token_ids))
 
     def get_config(self):
         config = super().get_config()
@@ -483,7 +417,6 @@ class VisionLanguageLM(FunctionalModel):
                 "dropout": self.dropout,
                 "tie_embeddings": self.tie_embeddings,
                 "embedding_scale": self.embedding_scale,
-                "pad_token_id": self.pad_token_id,
                 "start_token_id": self.start_token_id,
             }
         )

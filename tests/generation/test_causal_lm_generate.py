@@ -5,8 +5,8 @@ One module-scoped model (rotary positions, grouped-query attention, untied outpu
 as each compiled loop costs seconds per layer, and the stack's per-layer caches are checked in
 tests/layers/blocks) serves every test. Batches are 3 prompts of lengths 3, 2, 4 generated to
 length 10, so most tests reuse one compiled loop (each new sampler, stop list or shape compiles
-another). Beam search with several beams, cached and not, is compared in
-test_seq2seq_lm_generate.py.
+another). Every task × sampler, cached and not, with stop ids and in every input form, is in
+test_generative_task.py.
 """
 
 import keras
@@ -55,9 +55,10 @@ def greedy(as_list):
 
 
 @pytest.fixture(scope="module")
-def alone_and_new_functions(lm):
+def alone_and_new_functions(lm, as_list):
     """Each prompt generated on its own (two as 1-D arrays, one as a plain list of ints) with
-    the sampler named by a string, and how many compiled functions the three calls added."""
+    the sampler named by a string, after `as_list` (the compile default, greedy), and how many
+    compiled functions the three calls added."""
     before = len(lm._generate_functions)
     results = [
         lm.generate(np.array(PROMPTS[0]), max_length=MAX_LENGTH, sampler="greedy"),
@@ -184,10 +185,9 @@ def test_stop_token_ids_stop_rows_and_end_the_padding_mask(lm, greedy):
     "make_sampler",
     [
         lambda: keras_hub.samplers.TopKSampler(k=4, temperature=0.7, seed=1),
-        lambda: keras_hub.samplers.TopPSampler(p=0.8, temperature=1.5, seed=1),
         lambda: keras_hub.samplers.RandomSampler(temperature=0.5, seed=1),
     ],
-    ids=["top_k", "top_p", "random"],
+    ids=["top_k", "random"],  # top-p: test_generative_task.py
 )
 def test_sampling_gives_valid_ids_and_reuses_the_compiled_loop(lm, make_sampler):
     # Two calls with one sampler and the same shapes: one new compiled function, reused.
@@ -212,9 +212,9 @@ def test_sampling_gives_valid_ids_and_reuses_the_compiled_loop(lm, make_sampler)
 
 def test_a_sampler_named_by_a_string_is_compiled_once(alone_and_new_functions):
     # Three calls with sampler="greedy" and the same shapes: one compiled loop per prefill
-    # length (a power of two), so the prompts of lengths 3 and 2 share one (prefill 2) and the
-    # prompt of length 4 gets another (prefill 4).
-    assert alone_and_new_functions[1] == 2
+    # length (a power of two). The prompts of lengths 3 and 2 (prefill 2) reuse the loop of the
+    # compile default, greedy, that `as_list` compiled; the prompt of length 4 gets a new one.
+    assert alone_and_new_functions[1] == 1
 
 
 def test_prompt_longer_than_max_length_raises(lm):
@@ -251,9 +251,10 @@ def test_whole_width_prefill_gives_the_same_tokens(lm, greedy):
     # keras-hub's way (the cache filled over the whole padded width, the loop starting at the
     # shortest prompt) against the bucketed prefill that `generate` uses.
     packed = pack_prompts(PROMPTS, max_length=MAX_LENGTH)
-    tokens, _ = lm.generate_step(keras.ops.convert_to_tensor(packed.token_ids),
-                                 keras.ops.convert_to_tensor(packed.padding_mask))
-    np.testing.assert_array_equal(to_numpy(tokens), greedy)
+    outputs = lm.generate_step({"token_ids": keras.ops.convert_to_tensor(packed.token_ids),
+                                "padding_mask": keras.ops.convert_to_tensor(packed.padding_mask)})
+    np.testing.assert_array_equal(to_numpy(outputs["token_ids"]), greedy)
+    assert to_numpy(outputs["padding_mask"]).all()
 
 
 def test_the_compiled_loop_reads_the_current_weights():

@@ -1,18 +1,21 @@
-"""Seq2SeqLM.generate: greedy = step-by-step argmax, beam search with and without the cache,
-source padding, decoder prompts, return forms and errors.
+"""Seq2SeqLM.generate: greedy = step-by-step argmax, source padding, decoder prompts, return
+forms, a recurrent decoder, and errors.
 
 One module-scoped model (separate source and target embeddings, learned positions, untied
-output) serves every test; sources are 3 sequences of lengths 5, 2, 3 and targets have
-length 8, so most tests reuse one compiled loop. Greedy cache = no cache, beam(1) = greedy
-and stop tokens are checked on CausalLM (test_causal_lm_generate.py), whose generation shares
-the prompt packing and stop-token code with this model.
+output) serves most tests; sources are 3 sequences of lengths 5, 2, 3 and targets have
+length 8, so most tests reuse one compiled loop. Cache = no cache for greedy and beam search,
+stop tokens and the input forms of every generating task are in test_generative_task.py.
 """
 
 import keras
-import keras_hub
 import numpy as np
 import pytest
 
+from keras_xf.layers import FeedForward
+from keras_xf.layers import MultiHeadAttention
+from keras_xf.layers import RecurrentMixer
+from keras_xf.layers import TransformerBlock
+from keras_xf.models import Seq2SeqLM
 from tests.models.tiny import VOCAB
 from tests.models.tiny import randomize_embeddings
 from tests.models.tiny import seq2seq_lm
@@ -59,16 +62,6 @@ def test_greedy_is_the_argmax_of_the_full_forward_pass(model, greedy):
             scores = logits[b, t - 1]
             assert scores[greedy[b, t]] >= scores.max() - 1e-4, (b, t)
     assert len(set(greedy[:, 1:].ravel().tolist())) >= 4
-
-
-def test_beam_search_cache_and_no_cache_agree(model):
-    sampler = keras_hub.samplers.BeamSampler(num_beams=3)
-    cached = np.array(model.generate(SOURCES, max_length=MAX_LENGTH, sampler=sampler))
-    uncached = np.array(model.generate(SOURCES, max_length=MAX_LENGTH, sampler=sampler,
-                                       use_cache=False))
-    np.testing.assert_array_equal(cached, uncached)
-    assert cached.shape == (3, MAX_LENGTH) and (cached[:, 0] == START).all()
-    assert cached.min() >= 0 and cached.max() < VOCAB
 
 
 def test_each_row_is_independent_of_the_others(model, greedy):
@@ -121,3 +114,24 @@ def test_errors(model):
     inputs["decoder_token_ids"] = np.ones((3, 6), "int32")
     with pytest.raises(ValueError, match="longer than max_length"):
         model.generate(inputs, max_length=4)
+
+
+def test_a_recurrent_decoder_feeds_every_token_once():
+    # A GRU decoder keeps a state, not a cache addressed by position: the prefill starts at
+    # the first token, and decoding with the state equals the full pass. Ragged decoder
+    # prompts (lengths 3 and 2) are kept while the shorter row already generates.
+    keras.utils.set_random_seed(5)
+    block = TransformerBlock(RecurrentMixer("gru"), FeedForward(16),
+                             cross_attention=MultiHeadAttention(2))
+    lm = randomize_embeddings(Seq2SeqLM(vocabulary_size=SOURCE_VOCAB, num_layers=1, hidden_dim=8,
+                                        num_heads=2, intermediate_dim=16, max_sequence_length=8,
+                                        decoder_block=block), seed=5)
+    assert lm._has_recurrent_cache()
+    targets = np.array([[START, 5, 6] + [0] * 5, [START, 7] + [0] * 6], "int32")
+    inputs = {"encoder_token_ids": np.array([[3, 4, 5, 6], [8, 9, 0, 0]], "int32"),
+              "decoder_token_ids": targets}
+    cached = lm.generate(inputs, max_length=MAX_LENGTH)
+    uncached = lm.generate(inputs, max_length=MAX_LENGTH, use_cache=False)
+    np.testing.assert_array_equal(cached["decoder_token_ids"], uncached["decoder_token_ids"])
+    np.testing.assert_array_equal(cached["decoder_token_ids"][:, :2], targets[:, :2])
+    assert cached["decoder_token_ids"][0, 2] == 6

@@ -9,6 +9,7 @@ from keras_xf.layers import FeedForward
 from keras_xf.layers import GatedCrossAttentionBlock
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import PrefixAttentionMask
+from keras_xf.layers import RecurrentMixer
 from keras_xf.layers import TransformerBlock
 from keras_xf.models import VisionLanguageLM
 from tests import layer_checks as checks
@@ -70,15 +71,11 @@ def test_trains_a_few_steps(form, rng):
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-def test_cached_generate_equals_uncached(form, rng):
+def test_cached_steps_equal_the_full_pass(form, rng):
+    # Generation (cached = uncached for both fusions) is tested in
+    # tests/generation/test_generative_task.py; here the cached calls themselves.
     model = vision_lm(form)
     open_gates(model)
-    images = rng.uniform(size=(2,) + IMAGE_SHAPE).astype("float32")
-    prompts = {"images": images, "token_ids": [[1, 5, 7], [1]]}
-    cached = model.generate(prompts, max_length=LENGTH - 2)
-    uncached = model.generate(prompts, max_length=LENGTH - 2, use_cache=False)
-    assert cached == uncached
-    assert [len(row) for row in cached] == [LENGTH - 2] * 2
     # The cached step's logits equal the full pass's at every text position.
     x = batch(rng, lengths=(8, 8))
     full = logits_of(model, x)
@@ -89,6 +86,21 @@ def test_cached_generate_equals_uncached(form, rng):
     for index in range(3, 8):
         step, _, cache = model.call_with_cache(x["token_ids"][:, index:index + 1], cache, index)
         np.testing.assert_allclose(to_numpy(step)[:, 0], full[:, index], atol=1e-4)
+
+
+def test_a_recurrent_cross_attention_decoder_generates_with_its_state(rng):
+    # A GRU decoder layer with cross-attention to the image (no vision encoder, whose blocks
+    # could not hold cross-attention): the prefill writes only the image keys and values, and
+    # the loop feeds every text token once, from the first.
+    block = TransformerBlock(RecurrentMixer("gru"), FeedForward(FFN),
+                             cross_attention=MultiHeadAttention(HEADS))
+    model = vision_lm("cross_attention", block=block, vision_layers=0)
+    assert model._has_recurrent_cache()
+    prompts = {"images": rng.uniform(size=(2,) + IMAGE_SHAPE).astype("float32"),
+               "token_ids": [[1, 5, 7], [1, 4]]}
+    cached = model.generate(prompts, max_length=6)
+    assert cached == model.generate(prompts, max_length=6, use_cache=False)
+    assert [row[:len(p)] for row, p in zip(cached, prompts["token_ids"])] == prompts["token_ids"]
 
 
 @pytest.mark.parametrize("form", ["prefix", "gated"])

@@ -1,0 +1,307 @@
+"""The base of the generating tasks: `generate` written once (survey §2.7, §6)."""
+
+import functools
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_xf.generation.compile import CompiledFunctions
+from keras_xf.generation.compile import compile_generate_function
+from keras_xf.generation.compile import trace_decoding_step
+from keras_xf.generation.compile import traced_run_loop
+from keras_xf.generation.prompts import output_padding_mask
+from keras_xf.generation.prompts import pack_prompts
+from keras_xf.generation.sampling import get_sampler
+from keras_xf.models.backbone import FunctionalModel
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class GenerativeTask(FunctionalModel):
+    """A functional task that generates tokens `y_i ~ P(y_i | y_<i, c)` one at a time with a
+    cache, in one compiled loop (keras-hub's `CausalLM` base is the model).
+
+    The base owns `compile` (defaults: AdamW, sparse cross-entropy on logits, accuracy, and
+    the `sampler` of `generate`), `generate`, `generate_step`, the compiled loop and its cache
+    of compiled functions, samplers, stop tokens, prompt packing, the prefill and the traced
+    PyTorch step. `c` is what conditions the text: nothing (`CausalLM`), a source sequence
+    (`Seq2SeqLM`) or an image (`VisionLanguageLM`).
+
+    Decoding with the cache: `c` is encoded once; one parallel pass (the prefill) writes
+    `c` and the first `p - 1` prompt tokens into the cache, `p` the shortest prompt's length
+    rounded down to a power of two (1 when a decoder layer keeps a recurrent state, which
+    must see every token exactly once); then each step feeds the token at `i - 1` and
+    chooses the token at `i`, keeping prompt tokens. Without the cache each step reruns the
+    full forward pass over the fixed-width sequence: the reference the cached path equals.
+
+    A subclass supplies only these hooks:
+    - `prompt_keys`: the names of its prompt ids and mask (default `token_ids`,
+      `padding_mask`);
+    - `_generate_inputs(inputs, max_length)`: `(PackedPrompts, extras, unpack)`: the user's
+      inputs as packed prompts and a dict of numpy extra inputs (`encoder_token_ids`,
+      `images`, …), and a function giving results back in the user's structure;
+    - `_generation_context(**extras)`: `c` encoded (batch-major tensors, or `()`);
+    - `_init_generation_cache(batch_size, max_length, context)`: the empty cache;
+    - `_prefill(token_ids, cache, context)`: `(hidden [B, t, d] or None, cache)`, the cache
+      filled with `c` and the prompt tokens `token_ids [B, t]` (`None`: `c` alone);
+    - `_decode_token(token_ids, cache, cache_index)`: one token `[B, 1]` at `cache_index` to
+      `(logits [B, V], hidden [B, d], cache)`;
+    - `_uncached_hidden(token_ids, context)`: the full pass, `[B, L, d]`;
+    - `_output_embeddings`: the token embedding whose reverse gives the logits;
+    - `_generation_stack`: the decoder `TransformerStack` that the cache belongs to.
+
+    Args:
+        *args, **kwargs: the functional `keras.Model` arguments of the subclass.
+        pad_token_id: int, the id that pads prompts.
+    """
+
+    prompt_keys = ("token_ids", "padding_mask")
+
+    def __init__(self, *args, pad_token_id=0, **kwargs):
+        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)) or (
+            pad_token_id < 0
+        ):
+            raise ValueError(f"pad_token_id must be an int >= 0. Received: pad_token_id={pad_token_id!r}")
+        super().__init__(*args, **kwargs)
+        self.pad_token_id = int(pad_token_id)
+        self._set_sampler("greedy")
+
+    def compile(self, optimizer="auto", loss="auto", weighted_metrics="auto", sampler="greedy",
+                **kwargs):
+        """Keras `compile` with defaults: AdamW, sparse cross-entropy on logits, accuracy.
+
+        `sampler` (a keras-hub sampler or its name) is the default of `generate`.
+        """
+        if optimizer == "auto":
+            optimizer = keras.optimizers.AdamW(1e-3, weight_decay=0.01)
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        if weighted_metrics == "auto":
+            weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        self._set_sampler(sampler)
+        super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
+
+    def _set_sampler(self, sampler):
+        self.sampler = get_sampler(sampler)
+        # A default given by name shares its compiled functions with calls naming it.
+        self._default_sampler_key = sampler if isinstance(sampler, str) else self.sampler
+        self._generate_functions = CompiledFunctions()
+
+    # Generation -----------------------------------------------------------------------
+    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
+                 use_cache=True):
+        """Generates continuations of prompts with a cache, in one compiled loop.
+
+        Args:
+            inputs: the prompts, in the forms the task's docstring lists. Prompt ids come as
+                a dict with the ids and an optional padding mask (ids padded to the output
+                length, left or right), a padded 2-D array or a 1-D prompt (entries equal to
+                `pad_token_id` are padding), or a list of lists (ragged, every entry a
+                token): all give the same tokens.
+            max_length: the output length; defaults to a prompt dict's width, else the
+                model's `max_sequence_length`.
+            stop_token_ids: ids that end a row (generation stops when every row has one);
+                its mask ends after the first one generated.
+            sampler: a keras-hub sampler or its name; defaults to the one given to
+                `compile` (greedy). Calls with the same sampler (name, object or default),
+                stop ids and prefill length reuse one compiled function.
+            use_cache: bool; `False` reruns the full forward pass at every step (the
+                reference for the cached path, which gives the same tokens).
+
+        Returns:
+            The prompts' structure: a dict with ids and mask (prompts left-aligned, the mask
+            covering prompt and generated tokens up to the stop token), an array
+            `[B, max_length]`, a 1-D array, or lists of ids.
+
+        Raises:
+            ValueError, naming the argument: for prompts or extra inputs of the wrong rank,
+                shape or batch size, empty prompts, prompts longer than `max_length`, stop ids
+                outside the vocabulary or an unknown sampler.
+        """
+        if not isinstance(use_cache, bool):
+            raise ValueError(f"use_cache must be a bool. Received: use_cache={use_cache!r}")
+        prompts, extras, unpack = self._generate_inputs(inputs, max_length)
+        batch_size = prompts.token_ids.shape[0]
+        for name, value in extras.items():
+            if value.shape[0] != batch_size:
+                raise ValueError(
+                    f"{name} and {self.prompt_keys[0]} need the same batch size. Received: "
+                    f"{name}.shape={value.shape} for {batch_size} prompts"
+                )
+        function = self.make_generate_function(
+            sampler, self._check_stop_token_ids(stop_token_ids), use_cache,
+            prompts.prefill_length if use_cache else None,
+        )
+        ids_key, mask_key = self.prompt_keys
+        packed = {ids_key: prompts.token_ids, mask_key: prompts.padding_mask, **extras}
+        outputs = function({key: ops.convert_to_tensor(value) for key, value in packed.items()})
+        return unpack(outputs[ids_key], outputs[mask_key])
+
+    def make_generate_function(self, sampler=None, stop_token_ids=None, use_cache=True,
+                               prefill_length=None):
+        """The compiled `generate_step` for these settings, made once and kept (reset by
+        `compile`): keyed by the sampler (its name, the object, or the compile default),
+        the stop ids, the cache flag and the prefill length."""
+        sampler_key = self._default_sampler_key if sampler is None else sampler
+        key = (sampler_key, stop_token_ids, use_cache, prefill_length)
+        if key not in self._generate_functions:
+            resolved = self.sampler if sampler is None else get_sampler(sampler)
+            if use_cache:
+                resolved = traced_run_loop(self, resolved)
+
+            # A partial rather than a closure: TensorFlow counts traces per function code,
+            # so the closures of every model and setting would add up to a retracing warning.
+            step = functools.partial(self.generate_step, stop_token_ids=stop_token_ids,
+                                     sampler=resolved, use_cache=use_cache,
+                                     prefill_length=prefill_length)
+            self._generate_functions[key] = compile_generate_function(self, step, resolved)
+        return self._generate_functions[key]
+
+    def generate_step(self, inputs, stop_token_ids=None, sampler=None, use_cache=True,
+                      prefill_length=None):
+        """A compilable generation of one packed batch.
+
+        Args:
+            inputs: a dict of tensors: the prompt ids and mask under `prompt_keys` (prompts
+                left-aligned, the mask marking them) and the task's extra inputs.
+            stop_token_ids: a tuple of ids, or `None`.
+            sampler: a keras-hub sampler; defaults to the compile one.
+            use_cache: bool.
+            prefill_length: an int no larger than the shortest prompt: the loop starts
+                there, after a parallel pass over the tokens before it. `None`: the pass
+                covers the whole width and the loop starts at the shortest prompt (as
+                keras-hub does), except where a layer keeps a recurrent state (then 1).
+
+        Returns:
+            A dict with the ids and the output mask under `prompt_keys`.
+        """
+        sampler = self.sampler if sampler is None else sampler
+        ids_key, mask_key = self.prompt_keys
+        token_ids = inputs[ids_key]
+        padding_mask = ops.cast(inputs[mask_key], "bool")
+        extras = {key: value for key, value in inputs.items() if key not in self.prompt_keys}
+        batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        context = self._generation_context(**extras)
+        hidden = None
+        if use_cache:
+            cache = self._init_generation_cache(batch_size, max_length, context)
+            if prefill_length is None and self._has_recurrent_cache():
+                prefill_length = 1
+            if prefill_length is None:
+                hidden, cache = self._prefill(token_ids, cache, context)
+            else:
+                # The loop's first step feeds the token at `prefill_length - 1`, so the pass
+                # fills the positions before it: every token enters the cache once.
+                filled = prefill_length - 1
+                prefix = ops.slice(token_ids, (0, 0), (batch_size, filled)) if filled else None
+                hidden, cache = self._prefill(prefix, cache, context)
+                width = self._output_embeddings.embedding_dim
+                if hidden is None:
+                    hidden = ops.zeros((batch_size, max_length, width),
+                                       self._generation_stack.compute_dtype)
+                else:
+                    # Samplers that read hidden states expect one per output position.
+                    hidden = ops.pad(hidden, ((0, 0), (0, max_length - filled), (0, 0)))
+                index = prefill_length
+            traced_body = getattr(sampler, "traces_loop_body", False)
+            next_logits = self._decode_step if traced_body else self._traced_decode_step
+        else:
+            # `c` travels as the loop state so that beam search repeats it with the rows.
+            cache = context
+            next_logits = self._uncached_step
+        if stop_token_ids:
+            # The loop ends once every row holds a stop id past its prompt, so the positions
+            # still to generate must hold none: an id that is no stop id fills them.
+            filler = next((i for i in (self.pad_token_id, *range(len(stop_token_ids) + 1))
+                           if i not in stop_token_ids), self.pad_token_id)
+            token_ids = ops.where(padding_mask, token_ids, ops.cast(filler, token_ids.dtype))
+        token_ids = sampler(
+            next=next_logits,
+            prompt=token_ids,
+            cache=cache,
+            index=index,
+            mask=padding_mask,
+            stop_token_ids=stop_token_ids,
+            hidden_states=hidden,
+            model=self,
+        )
+        output_mask = output_padding_mask(token_ids, padding_mask, stop_token_ids)
+        if stop_token_ids:
+            # Past its stop id a row holds padding, whatever the other rows went on to do.
+            token_ids = ops.where(output_mask, token_ids, ops.cast(self.pad_token_id, token_ids.dtype))
+        return {ids_key: token_ids, mask_key: output_mask}
+
+    def _decode_step(self, prompt, cache, index):
+        """The cached step of the loop: feeds the token at `index - 1`; returns the logits
+        `[B, V]` for position `index`, its hidden state and the new cache."""
+        cache_index = index - 1
+        last = ops.slice(prompt, (0, cache_index), (ops.shape(prompt)[0], 1))
+        return self._decode_token(last, cache, cache_index)
+
+    @property
+    def _traced_decode_step(self):
+        # One per model (traces are kept per input shapes); reset by `compile`.
+        functions = self._generate_functions
+        if functions.decode_step is None:
+            functions.decode_step = trace_decoding_step(self, self._decode_step)
+        return functions.decode_step
+
+    def _uncached_step(self, prompt, context, index):
+        """The reference step: the full forward pass, read at position `index - 1`."""
+        hidden = ops.take(self._uncached_hidden(prompt, context), index - 1, axis=1)
+        return self._logits(hidden[:, None])[:, 0], hidden, context
+
+    def _logits(self, hidden):
+        """float32 logits `[B, T, V]` of hidden states `[B, T, d]`."""
+        return ops.cast(self._output_embeddings(hidden, reverse=True), "float32")
+
+    def _has_recurrent_cache(self):
+        """Whether a decoder layer keeps a recurrent state (`cache_is_recurrent = True`)
+        rather than a cache addressed by position, which may be written twice."""
+        return any(getattr(layer, "cache_is_recurrent", False)
+                   for layer in self._generation_stack._flatten_layers())
+
+    def _prefill_cross_attention(self, cache, batch_size, **encoder_inputs):
+        """The cache of a cross-attending decoder with only the cross-attention keys and
+        values written: each layer's cache is `(own cache, cross-attention cache)`; one pad
+        token run at position 0 fills the cross parts, and the own parts are kept as they
+        were (a recurrent state must not see that token)."""
+        token = ops.full((batch_size, 1), self.pad_token_id, "int32")
+        _, _, filled = self.call_with_cache(token, cache, 0, **encoder_inputs)
+        return tuple((own, cross) for (own, _), (_, cross) in zip(cache, filled))
+
+    def _pack_prompts(self, prompts, max_length):
+        """The task's prompts packed to `max_length` (see `pack_prompts`)."""
+        return pack_prompts(
+            prompts,
+            max_length=max_length,
+            default_max_length=self._output_embeddings.max_sequence_length,
+            pad_token_id=self.pad_token_id,
+            keys=self.prompt_keys,
+        )
+
+    def _check_stop_token_ids(self, stop_token_ids):
+        """A tuple of ints inside the vocabulary, or `None` for none."""
+        if stop_token_ids is None:
+            return None
+        vocabulary = self._output_embeddings.vocabulary_size
+        values = stop_token_ids
+        if isinstance(values, (int, np.integer)) or not isinstance(values, (list, tuple, np.ndarray)):
+            values = [values]
+        ids = []
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
+                0 <= value < vocabulary
+            ):
+                raise ValueError(
+                    f"stop_token_ids must be ids in [0, {vocabulary}). Received: "
+                    f"stop_token_ids={stop_token_ids!r}"
+                )
+            ids.append(int(value))
+        return tuple(dict.fromkeys(ids)) or None
+
+    def get_config(self):
+        config = super().get_config()
+        config["pad_token_id"] = self.pad_token_id
+        return config
