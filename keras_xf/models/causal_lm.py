@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_xf.generation.prompts import check_keys
+from keras_xf.models.arguments import task_backbone
 from keras_xf.models.generative_task import GenerativeTask
 from keras_xf.models.presets import preset_config
 from keras_xf.models.transformer_backbone import TransformerBackbone
@@ -37,16 +38,13 @@ class CausalLM(GenerativeTask):
 
     def __init__(self, backbone=None, pad_token_id=0, name=None, dtype=None, trainable=True,
                  **backbone_kwargs):
-        if backbone is not None and backbone_kwargs:
+        backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs,
+                                 causal=True)
+        if not backbone.causal:
             raise ValueError(
-                f"Pass either a backbone or backbone arguments. Received both: {sorted(backbone_kwargs)}"
+                "backbone must be causal (TransformerBackbone(causal=True)). Received: "
+                "backbone with causal=False"
             )
-        if backbone is None:
-            backbone = TransformerBackbone(causal=True, dtype=dtype, **backbone_kwargs)
-        elif not isinstance(backbone, keras.Model):
-            backbone = keras.saving.deserialize_keras_object(backbone)
-        if not getattr(backbone, "causal", False):
-            raise ValueError("CausalLM needs a causal backbone (TransformerBackbone(causal=True)).")
 
         # Layers
         self.backbone = backbone

@@ -10,9 +10,11 @@ from keras_xf.generation.compile import CompiledFunctions
 from keras_xf.generation.compile import compile_generate_function
 from keras_xf.generation.compile import trace_decoding_step
 from keras_xf.generation.compile import traced_run_loop
+from keras_xf.generation.compile import traces_whole_loop_body
 from keras_xf.generation.prompts import output_padding_mask
 from keras_xf.generation.prompts import pack_prompts
 from keras_xf.generation.sampling import get_sampler
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.models.backbone import FunctionalModel
 
 
@@ -204,7 +206,8 @@ class GenerativeTask(FunctionalModel):
                     # Samplers that read hidden states expect one per output position.
                     hidden = ops.pad(hidden, ((0, 0), (0, max_length - filled), (0, 0)))
                 index = prefill_length
-            traced_body = getattr(sampler, "traces_loop_body", False)
+            # A sampler whose whole loop body is traced needs no trace of the step inside it.
+            traced_body = traces_whole_loop_body(sampler)
             next_logits = self._decode_step if traced_body else self._traced_decode_step
         else:
             # `c` travels as the loop state so that beam search repeats it with the rows.
@@ -259,7 +262,7 @@ class GenerativeTask(FunctionalModel):
     def _has_recurrent_cache(self):
         """Whether a decoder layer keeps a recurrent state (`cache_is_recurrent = True`)
         rather than a cache addressed by position, which may be written twice."""
-        return any(getattr(layer, "cache_is_recurrent", False)
+        return any(isinstance(layer, SequenceMixer) and layer.cache_is_recurrent
                    for layer in self._generation_stack._flatten_layers())
 
     def _prefill_cross_attention(self, cache, batch_size, **encoder_inputs):

@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_xf.generation.prompts import check_keys
 from keras_xf.generation.prompts import pack_prompts
+from keras_xf.models.arguments import task_backbone
 from keras_xf.models.generative_task import GenerativeTask
 from keras_xf.models.presets import preset_config
 from keras_xf.models.seq2seq_backbone import Seq2SeqBackbone
@@ -41,14 +42,7 @@ class Seq2SeqLM(GenerativeTask):
 
     def __init__(self, backbone=None, pad_token_id=0, start_token_id=1, name=None, dtype=None,
                  trainable=True, **backbone_kwargs):
-        if backbone is not None and backbone_kwargs:
-            raise ValueError(
-                f"Pass either a backbone or backbone arguments. Received both: {sorted(backbone_kwargs)}"
-            )
-        if backbone is None:
-            backbone = Seq2SeqBackbone(dtype=dtype, **backbone_kwargs)
-        elif not isinstance(backbone, keras.Model):
-            backbone = keras.saving.deserialize_keras_object(backbone)
+        backbone = task_backbone(backbone, Seq2SeqBackbone, dtype, backbone_kwargs)
 
         # Layers
         self.backbone = backbone

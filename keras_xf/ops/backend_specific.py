@@ -391,5 +391,4 @@ def traced_sampler(model, sampler):
 
     traced = copy.copy(sampler)
     traced.run_loop = run_loop
-    traced.traces_loop_body = True  # the model step inside needs no trace of its own
     return traced
