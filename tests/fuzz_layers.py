@@ -64,6 +64,9 @@ def discover_layers():
                 and value.__module__.startswith("keras_xf.layers")
                 and _public(value.__module__)
                 and not name.startswith("_")
+                # A base class with no `call` of its own (a mixer or feedforward base) is
+                # only subclassed, never called; its subclasses are found here themselves.
+                and value.call is not keras.layers.Layer.call
             ):
                 found[value.__name__] = value
     return tuple(found[name] for name in sorted(found))
@@ -172,7 +175,11 @@ class ExampleRun:
 
         @functools.wraps(original)
         def __call__(layer, *args, **kwargs):
-            top_level = sys._getframe(1).f_code.co_filename == EXAMPLE_FILE
+            # A layer may wrap `__call__` (the blocks do): skip those frames to the caller.
+            frame = sys._getframe(1)
+            while frame.f_code.co_name == "__call__":
+                frame = frame.f_back
+            top_level = frame.f_code.co_filename == EXAMPLE_FILE
             outputs = original(layer, *args, **kwargs)
             if top_level or layer is run.instance:
                 run.calls.append(Call(layer, args, kwargs, outputs, top_level))

@@ -15,6 +15,10 @@ class PositionHook(keras.layers.Layer):
     Class attributes tell `MultiHeadAttention` what the hook needs:
     - `rotates_pairs`: the hook rotates pairs of features (RoPE), so the width of the query
       and key heads (`qk_dim`) must be even.
+
+    Example:
+    >>> mha = MultiHeadAttention(num_heads=2, position=PositionHook())  # positions unchanged
+    >>> y = mha(keras.random.normal((2, 6, 16)))  # (2, 6, 16), as without a position hook
     """
 
     rotates_pairs = False

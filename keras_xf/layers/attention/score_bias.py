@@ -22,6 +22,10 @@ class ScoreBias(keras.layers.Layer):
     - `mixes_weights`: the hook is not added to the scores; instead it provides
       `mix_weights(weights, query, key, query_positions, key_positions, mask)`, applied to
       the softmax weights (e.g. the locality-prior mixture of survey §4.1.1).
+
+    Example:
+    >>> mha = MultiHeadAttention(num_heads=2, biases=[ScoreBias()])  # adds zero to the scores
+    >>> y = mha(keras.random.normal((2, 6, 16)))  # (2, 6, 16), as without a bias
     """
 
     has_value_term = False

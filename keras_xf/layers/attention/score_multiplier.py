@@ -14,6 +14,10 @@ class ScoreMultiplier(keras.layers.Layer):
     scores by the result (broadcastable to `[B, H, T, S]`) on its explicit path (the fused
     kernels take no multiplier). This base class is the factor one (`[1, 1, T, S]`), the
     neutral element; subclasses override `call(query, key, query_positions, key_positions)`.
+
+    Example:
+    >>> mha = MultiHeadAttention(num_heads=2, multiplier=ScoreMultiplier())  # scores times one
+    >>> y = mha(keras.random.normal((2, 6, 16)))  # (2, 6, 16), as without a multiplier
     """
 
     def call(self, query, key, query_positions, key_positions):

@@ -14,6 +14,7 @@ from keras_xf.layers.cloning import with_dtype_policy
 from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.residual.residual import make_normalization
+from keras_xf.ops.checks import check_rank
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -152,6 +153,7 @@ class GatedCrossAttentionBlock(PassesMixerArguments, keras.layers.Layer):
         mixer_options=None,
         **kwargs,
     ):
+        check_rank("inputs", inputs, 3, "[batch, length, dim]")
         block_cache, cross_cache = (None, None) if cache is None else cache
         if encoder_outputs is None and cross_cache is None:
             raise ValueError(

@@ -13,6 +13,7 @@ from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.residual.residual import validate_normalization
+from keras_xf.ops.checks import check_rank
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -156,6 +157,7 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         mixer_options=None,
         **kwargs,
     ):
+        check_rank("inputs", inputs, 3, "[batch, length, dim]")
         self_cache, cross_cache = cache, None
         if cache is not None and self.cross_attention is not None:
             self_cache, cross_cache = cache

@@ -13,6 +13,7 @@ from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import serialize_layer
 from keras_xf.layers.residual.residual import make_normalization
+from keras_xf.ops.checks import check_rank
 
 # The layers a stack is made of; each has `mixer`, `normalization`, `norm_placement`, `epsilon`.
 BLOCKS = (TransformerBlock, GatedCrossAttentionBlock)
@@ -146,6 +147,7 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         mixer_options=None,
         **kwargs,
     ):
+        check_rank("inputs", inputs, 3, "[batch, length, dim]")
         if cache is not None and len(cache) != self.num_layers:
             raise ValueError(
                 f"cache must hold one entry per layer ({self.num_layers}). Received: "

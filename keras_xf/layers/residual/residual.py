@@ -8,6 +8,7 @@ from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.cloning import as_layer
+from keras_xf.ops.checks import check_rank
 
 NORM_PLACEMENTS = ("post", "pre")
 NORMALIZATIONS = ("layer_norm", "rms_norm")
@@ -112,6 +113,7 @@ class Residual(PassesMixerArguments, keras.layers.Layer):
         mixer_options=None,
         **kwargs,
     ):
+        check_rank("inputs", inputs, 3, "[batch, length, dim]")
         hidden = self.norm(inputs) if self.norm_placement == "pre" else inputs
         args = () if context is None else (context,)
         named = {
