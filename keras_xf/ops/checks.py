@@ -8,6 +8,8 @@ layer runs with concrete shapes.
 
 import numbers
 
+import math
+
 import keras
 
 
@@ -83,10 +85,10 @@ def check_attention_matrix(matrix, name, batch_size, query_length, key_length, n
 
 
 def check_positive_number(name, value, allow_zero=False):
-    """A real number `> 0` (or `>= 0` with `allow_zero`), not a bool."""
+    """A finite real number `> 0` (or `>= 0` with `allow_zero`), not a bool."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if ok:
-        ok = value >= 0 if allow_zero else value > 0
+        ok = math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
     if not ok:
         kind = "a non-negative number" if allow_zero else "a positive number"
         raise ValueError(f"{name} must be {kind}. Received: {name}={value!r}")

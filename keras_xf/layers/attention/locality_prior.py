@@ -159,7 +159,7 @@ class LocalityPrior(ScoreBias, ScoreMultiplier):
         self.sigma = sigma
         self.beta = beta
         self.predictor_units = predictor_units
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
         self.mixes_weights = form == "mixture"
 
     def build(self, query_shape, *args, **kwargs):

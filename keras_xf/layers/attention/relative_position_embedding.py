@@ -80,7 +80,7 @@ class RelativePositionEmbedding(ScoreBias):
         self.use_values = bool(use_values)
         self.use_queries = bool(use_queries)
         self.scale = None if scale is None else float(scale)
-        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.embeddings_initializer = get_initializer("embeddings_initializer", embeddings_initializer)
         self.has_value_term = self.use_values
 
     def _table(self, name, head_dim):

@@ -15,6 +15,7 @@ from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.residual.residual import make_normalization
 from keras_xf.ops.checks import check_rank
+from keras_xf.ops.checks import get_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -77,7 +78,7 @@ class GatedCrossAttentionBlock(PassesMixerArguments, keras.layers.Layer):
         self.feedforward = with_dtype_policy(
             as_layer(feedforward, "feedforward", optional=True, kind=FeedForwardLayer), policy
         )
-        self.gate_initializer = keras.initializers.get(gate_initializer)
+        self.gate_initializer = get_initializer("gate_initializer", gate_initializer)
         self.cross_attention_norm = make_normalization(
             self.normalization, self.epsilon, self.dtype_policy, "cross_attention_norm"
         )

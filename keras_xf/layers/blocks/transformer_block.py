@@ -74,7 +74,7 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        validate_normalization(normalization, norm_placement, dropout)
+        validate_normalization(normalization, norm_placement, dropout, epsilon)
         mixer = as_layer(mixer, "mixer", kind=SequenceMixer)
         feedforward = as_layer(feedforward, "feedforward", kind=FeedForwardLayer)
         cross_attention = as_layer(

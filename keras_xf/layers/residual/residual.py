@@ -8,7 +8,9 @@ from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.cloning import as_layer
+from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rank
+from keras_xf.ops.checks import check_rate
 
 NORM_PLACEMENTS = ("post", "pre")
 NORMALIZATIONS = ("layer_norm", "rms_norm")
@@ -21,7 +23,7 @@ def make_normalization(normalization, epsilon, dtype, name):
     return keras.layers.RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
 
 
-def validate_normalization(normalization, norm_placement, dropout):
+def validate_normalization(normalization, norm_placement, dropout, epsilon):
     if norm_placement not in NORM_PLACEMENTS:
         raise ValueError(
             f"norm_placement must be one of {NORM_PLACEMENTS}. Received: "
@@ -32,8 +34,9 @@ def validate_normalization(normalization, norm_placement, dropout):
             f"normalization must be one of {NORMALIZATIONS}. Received: "
             f"normalization={normalization!r}"
         )
-    if not 0 <= dropout < 1:
-        raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+    check_rate("dropout", dropout)
+    # A zero, negative or non-finite epsilon turns the normalisation into NaN.
+    check_positive_number("epsilon", epsilon)
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -82,7 +85,7 @@ class Residual(PassesMixerArguments, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        validate_normalization(normalization, norm_placement, dropout)
+        validate_normalization(normalization, norm_placement, dropout, epsilon)
         self.layer = as_layer(layer, "layer")
         self.norm_placement = norm_placement
         self.normalization = normalization
