@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from keras_xf.layers import FeedForward
+from keras_xf.layers import GatedCrossAttentionBlock
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import Residual
+from keras_xf.layers import TransformerBlock
 from tests.layer_checks import attention_weights
 from tests.layer_checks import check_config_round_trip
 from tests.layer_checks import check_fit_step
@@ -303,3 +305,27 @@ def test_tuple_output_is_passed_through(rng):
 def test_invalid_arguments(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         make_layer(**kwargs)
+
+
+@pytest.mark.parametrize("epsilon", [-1, 0, float("nan"), float("inf"), "x", None])
+@pytest.mark.parametrize("make", ["residual", "block"])
+def test_bad_epsilon_raises_naming_it(make, epsilon):
+    """A negative epsilon used to give NaN outputs; now every bad value names `epsilon`."""
+    with pytest.raises(ValueError, match=r"epsilon must be a positive number. Received: epsilon="):
+        if make == "residual":
+            Residual(FeedForward(8), epsilon=epsilon)
+        else:
+            TransformerBlock(MultiHeadAttention(2), FeedForward(8), epsilon=epsilon)
+
+
+@pytest.mark.parametrize("dropout", [-0.1, 1.0, "x", None])
+def test_bad_dropout_raises_naming_it(dropout):
+    with pytest.raises(ValueError, match=r"dropout must be a number in \[0, 1\). Received: dropout="):
+        Residual(FeedForward(8), dropout=dropout)
+
+
+def test_bad_gate_initializer_raises_naming_it():
+    from keras_xf.layers import GatedCrossAttentionBlock
+    block = TransformerBlock(MultiHeadAttention(2), FeedForward(8))
+    with pytest.raises(ValueError, match="gate_initializer must be a Keras initializer"):
+        GatedCrossAttentionBlock(block, MultiHeadAttention(2), gate_initializer="not_one")
