@@ -325,7 +325,6 @@ def test_bad_dropout_raises_naming_it(dropout):
 
 
 def test_bad_gate_initializer_raises_naming_it():
-    from keras_xf.layers import GatedCrossAttentionBlock
     block = TransformerBlock(MultiHeadAttention(2), FeedForward(8))
     with pytest.raises(ValueError, match="gate_initializer must be a Keras initializer"):
         GatedCrossAttentionBlock(block, MultiHeadAttention(2), gate_initializer="not_one")
