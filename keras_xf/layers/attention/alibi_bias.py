@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_xf.layers.attention.score_bias import ScoreBias
+from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.positions import alibi_slope_values
 from keras_xf.ops.positions import relative_distance
 
@@ -46,9 +47,7 @@ class AlibiBias(ScoreBias):
 
     def __init__(self, max_bias=8.0, **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(max_bias, (int, float)) or isinstance(max_bias, bool) or max_bias <= 0:
-            raise ValueError(f"max_bias must be a positive number. Received: max_bias={max_bias}")
-        self.max_bias = float(max_bias)
+        self.max_bias = float(check_positive_number("max_bias", max_bias))
 
     def build(self, query_shape=None):
         if query_shape is not None and (len(query_shape) != 4 or query_shape[2] is None):
