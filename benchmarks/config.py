@@ -27,9 +27,9 @@ ENCODER_SEQUENCE = 256
 WARMUP = 2
 TRAIN_STEPS = 8  # optimizer steps per timed repeat
 REPEATS = 3
-GENERATION_REPEATS = 5
+GENERATION_REPEATS = 5  # generation is noisier and cheap to repeat
 INTERLEAVED_REPEATS = 5  # timed fits of each model, alternating, in `train_interleaved`
-TORCH_BF16_STEPS = 2  # eager PyTorch bf16 on a CPU without AVX512-BF16 takes seconds a step  # generation is noisier and cheap to repeat
+TORCH_BF16_STEPS = 2  # eager PyTorch bf16 on a CPU without AVX512-BF16 takes seconds a step
 
 # bf16 against float32: loss curves over this many steps of the same model, on sequences of
 # CURVE_SEQUENCE characters (shorter than SEQUENCE so that 2 x 200 steps take minutes on CPU).

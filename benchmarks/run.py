@@ -22,13 +22,18 @@ TARGETS = {  # the ratios keras_xf must reach, per backend
 }
 
 
-def run_case(name, backend):
-    environment = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_case(name, backend, tree=ROOT):
+    """One case in its own process, importing `keras_xf` and `benchmarks` from the checkout
+    at `tree` (this one by default)."""
+    environment = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
+                       PYTHONPATH=str(tree))
     start = time.perf_counter()
     process = subprocess.run(
         [sys.executable, "-m", "benchmarks.cases", name],
-        capture_output=True, text=True, env=environment,
-        cwd=pathlib.Path(__file__).resolve().parents[1],
+        capture_output=True, text=True, env=environment, cwd=tree,
     )
     lines = [l for l in process.stdout.splitlines() if l.startswith("BENCHMARK_RESULT ")]
     if process.returncode or not lines:

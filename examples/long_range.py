@@ -51,7 +51,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from keras import ops  # noqa: E402
 
 from keras_xf.layers import DepthwiseConvolution  # noqa: E402
 from keras_xf.layers import FeedForward  # noqa: E402

@@ -434,7 +434,9 @@ def call_case(cls, argument, kind):
             check_error(error, names, where)
             return "error"
         outputs = result[0]
-        assert argument == "inputs" or kind == "padded", (
+        # A rank-2 attention mask [query_length, key_length] is shared by the batch.
+        shared_mask = argument == "attention_mask" and kind == "rank-1"
+        assert argument == "inputs" or kind == "padded" or shared_mask, (
             f"{where}: accepted; expected a ValueError naming {argument}"
         )
         check_outputs(Call(layer, tuple(args), kwargs, outputs, True), where)

@@ -165,3 +165,30 @@ def attention_weights(layer):
     if layer.use_bias:
         weights.update({f"b{key}": dense.bias for key, dense in denses.items()})
     return {key: to_float64(value) for key, value in weights.items()}
+
+
+def decode_stepwise(layer, x, cache, prefill=1, step_arguments=None, **call_kwargs):
+    """A causal cached pass over `x` as a generation loop runs it: positions `[0, prefill)`
+    in one call, then one position a call. `step_arguments(start, stop)` gives the call
+    arguments that cover positions `[start, stop)` (slices of an attention bias, ...).
+
+    Returns the outputs of every call joined along the sequence (numpy) and the last cache.
+    """
+    outputs = []
+    bounds = [(0, prefill)] + [(index, index + 1) for index in range(prefill, x.shape[1])]
+    for start, stop in bounds:
+        extra = step_arguments(start, stop) if step_arguments else {}
+        out, cache = layer(x[:, start:stop], use_causal_mask=True, cache=cache,
+                           cache_index=start, **call_kwargs, **extra)
+        outputs.append(to_numpy(out))
+    return np.concatenate(outputs, axis=1), cache
+
+
+def check_cached_decoding(layer, x, prefill=2, cache_length=None, atol=1e-5, rtol=1e-5):
+    """A prefill of `prefill` positions, then one position a call (`decode_stepwise`), gives
+    the outputs of the full causal pass. The cache holds `cache_length` positions (the
+    length of `x` by default)."""
+    full = to_numpy(layer(x, use_causal_mask=True))
+    cache = layer.init_cache(x.shape[0], cache_length or x.shape[1])
+    steps, _ = decode_stepwise(layer, x, cache, prefill)
+    np.testing.assert_allclose(steps, full, atol=atol, rtol=rtol)

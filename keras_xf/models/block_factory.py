@@ -44,7 +44,7 @@ def serialize_block(block):
     if isinstance(block, (list, tuple)):
         return [serialize_block(b) for b in block]
     if isinstance(block, keras.layers.Layer):
-        return keras.saving.serialize_keras_object(block)
+        return serialize_layer(block)
     return block
 
 

@@ -9,10 +9,10 @@ from keras_xf.layers.attention.prefix_attention_mask import PrefixAttentionMask
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.cloning import clone_layer
-from keras_xf.layers.cloning import serialize_layer
 from keras_xf.layers.embeddings.patch_embedding import PatchEmbedding
 from keras_xf.layers.embeddings.patch_position_embedding import PatchPositionEmbedding
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_xf.models.arguments import record_config
 from keras_xf.models.backbone import layer_dtype
 from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import prepare_block
@@ -223,28 +223,7 @@ class VisionLanguageLM(GenerativeTask):
         super().__init__(inputs=inputs, outputs=self._logits(hidden), pad_token_id=pad_token_id,
                          name=name, dtype=dtype, trainable=trainable)
 
-        # Config
-        self.vocabulary_size = vocabulary_size
-        self.image_shape = image_shape
-        self.patch_size = patch_size
-        self.num_layers = num_layers
-        self.hidden_dim = hidden_dim
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.max_sequence_length = max_sequence_length
-        self.gated_cross_attention = gated_cross_attention
-        self.vision_layers = vision_layers
-        self.block = serialize_layer(block)
-        self.position = position
-        self.patch_position = patch_position
-        self.num_key_value_heads = num_key_value_heads
-        self.activation = activation
-        self.norm_placement = norm_placement
-        self.normalization = normalization
-        self.dropout = dropout
-        self.tie_embeddings = tie_embeddings
-        self.embedding_scale = embedding_scale
-        self.start_token_id = start_token_id
+        record_config(self, locals())
 
     # Inputs ---------------------------------------------------------------------------
     def _check_images(self, inputs):
@@ -391,33 +370,3 @@ class VisionLanguageLM(GenerativeTask):
 
     def _uncached_hidden(self, token_ids, image_states):
         return self._decode(image_states, token_ids, ops.ones_like(token_ids))
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "image_shape": list(self.image_shape),
-                "patch_size": self.patch_size,
-                "num_layers": self.num_layers,
-                "hidden_dim": self.hidden_dim,
-                "num_heads": self.num_heads,
-                "intermediate_dim": self.intermediate_dim,
-                "max_sequence_length": self.max_sequence_length,
-                "fusion": self.fusion,
-                "gated_cross_attention": self.gated_cross_attention,
-                "vision_layers": self.vision_layers,
-                "block": self.block,
-                "position": self.position,
-                "patch_position": self.patch_position,
-                "num_key_value_heads": self.num_key_value_heads,
-                "activation": self.activation,
-                "norm_placement": self.norm_placement,
-                "normalization": self.normalization,
-                "dropout": self.dropout,
-                "tie_embeddings": self.tie_embeddings,
-                "embedding_scale": self.embedding_scale,
-                "start_token_id": self.start_token_id,
-            }
-        )
-        return config

@@ -2,7 +2,6 @@
 
 from keras import ops
 
-from keras_xf.ops.backend_specific import cache_updates_in_place  # noqa: F401 (re-exported)
 from keras_xf.ops.backend_specific import write_cache_in_place
 from keras_xf.ops.backend_specific import writes_cache_in_place
 

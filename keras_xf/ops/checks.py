@@ -103,6 +103,13 @@ def check_positive_int(name, value, minimum=1):
     return int(value)
 
 
+def check_seed(seed, name="seed"):
+    """`None` (a fresh draw) or an int `>= 0` (a NumPy int too, returned as an `int`)."""
+    if seed is None:
+        return None
+    return check_positive_int(name, seed, minimum=0)
+
+
 def check_rate(name, value):
     """A rate in `[0, 1)` (dropout)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
@@ -112,7 +119,14 @@ def check_rate(name, value):
 
 
 def get_initializer(name, value):
-    """`keras.initializers.get(value)`, raising a `ValueError` that names the argument."""
+    """`keras.initializers.get(value)`, raising a `ValueError` that names the argument.
+
+    `None` is refused here (Keras would return it as it is); layers whose initializer is
+    optional handle `None` before calling this."""
+    if value is None:
+        raise ValueError(
+            f"{name} must be a Keras initializer, its name or its config. Received: {name}=None"
+        )
     try:
         return keras.initializers.get(value)
     except (ValueError, TypeError) as error:

@@ -23,7 +23,7 @@ from tests.models.tiny import FFN
 from tests.models.tiny import VOCAB
 from tests.models.tiny import WIDTH
 from tests.models.tiny import randomize_embeddings
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 
 PROMPTS = [[3, 4, 5], [6, 7], [9, 10, 11, 12]]
 MAX_LENGTH = 10

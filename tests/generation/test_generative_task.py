@@ -2,14 +2,13 @@
 ragged prompts, cached = uncached, one input contract, and one compiled function per setting.
 
 One tiny module-scoped model per task (vocabulary 20, width 8, one layer): `CausalLM`,
-`Seq2SeqLM` and `VisionLanguageLM` with both fusions (prefix, and cross-attention through
-Flamingo-style gated blocks; plain cross-attention blocks are generated in
-test_vision_language_lm.py). Each case's prompts are ragged (batch 2, output length 8) and
-are chosen so that the three ways the prefill starts are all run: with prompt tokens
-(shortest prompt 2: `causal`), with the image alone (`vision_prefix`), and with the
-cross-attention keys and values alone (`seq2seq`, `vision_gated`). Calls with the same
-sampler, stop ids and prefill share one compiled loop, so most tests here reuse the loops that
-an earlier one compiled.
+`Seq2SeqLM` and `VisionLanguageLM` with each fusion (prefix, plain cross-attention blocks, and
+Flamingo-style gated cross-attention blocks). Each case's prompts are ragged (batch 2, output
+length 8) and are chosen so that the three ways the prefill starts are all run: with prompt
+tokens (shortest prompt 2: `causal`), with the image alone (`vision_prefix`), and with the
+cross-attention keys and values alone (`seq2seq`, `vision_cross`, `vision_gated`). Calls with
+the same sampler, stop ids and prefill share one compiled loop, so most tests here reuse the
+loops that an earlier one compiled.
 """
 
 import logging
@@ -99,6 +98,7 @@ CASES = {
     "causal": _causal,
     "seq2seq": _seq2seq,
     "vision_prefix": _vision([[1, 5, 7], [1]], fusion="prefix"),
+    "vision_cross": _vision([[1, 5, 7], [1]], fusion="cross_attention"),
     "vision_gated": _vision([[1, 5, 7], [1]], fusion="cross_attention",
                             gated_cross_attention=True),
 }

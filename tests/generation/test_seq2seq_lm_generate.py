@@ -19,7 +19,7 @@ from keras_xf.models import Seq2SeqLM
 from tests.models.tiny import VOCAB
 from tests.models.tiny import randomize_embeddings
 from tests.models.tiny import seq2seq_lm
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 
 SOURCE_VOCAB = 20
 SOURCES = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]

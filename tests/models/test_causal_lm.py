@@ -18,7 +18,7 @@ from tests.models.tiny import block_params
 from tests.models.tiny import causal_lm
 from tests.models.tiny import dtype_name
 from tests.models.tiny import randomize_embeddings
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 from tests.models.tiny import token_batch
 
 

@@ -18,7 +18,7 @@ from tests.models.tiny import dtype_name
 from tests.models.tiny import seq2seq_lm
 from tests.models.tiny import text_classifier
 from tests.models.tiny import text_encoder
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 
 STEPS, BATCH = 20, 2
 

@@ -25,7 +25,7 @@ from tests.models.tiny import seq2seq_batch
 from tests.models.tiny import seq2seq_lm
 from tests.models.tiny import text_classifier
 from tests.models.tiny import text_encoder
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 from tests.models.tiny import token_batch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -19,7 +19,7 @@ from tests.models.tiny import dtype_name
 from tests.models.tiny import randomize_embeddings
 from tests.models.tiny import seq2seq_batch
 from tests.models.tiny import seq2seq_lm
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 
 SOURCE_VOCAB = 20
 

@@ -12,7 +12,7 @@ from tests.models.tiny import WIDTH
 from tests.models.tiny import block_params
 from tests.models.tiny import dtype_name
 from tests.models.tiny import text_classifier
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 from tests.models.tiny import token_batch
 
 

@@ -13,7 +13,7 @@ from tests.models.tiny import block_params
 from tests.models.tiny import dtype_name
 from tests.models.tiny import randomize_embeddings
 from tests.models.tiny import text_encoder
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 from tests.models.tiny import token_batch
 
 

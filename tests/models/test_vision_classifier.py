@@ -18,7 +18,7 @@ from tests.models.tiny import FFN
 from tests.models.tiny import WIDTH
 from tests.models.tiny import block_params
 from tests.models.tiny import dtype_name
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 
 BACKEND = keras.config.backend()
 IMAGE, PATCH, CLASSES = (4, 4, 1), 2, 3

@@ -17,7 +17,7 @@ from tests.models.tiny import LENGTH
 from tests.models.tiny import VOCAB
 from tests.models.tiny import WIDTH
 from tests.models.tiny import block_params
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 from tests.models.tiny import token_batch
 from tests.reference import vision_language as ref
 

@@ -20,7 +20,7 @@ from tests.models.tiny import HEADS
 from tests.models.tiny import LENGTH
 from tests.models.tiny import VOCAB
 from tests.models.tiny import WIDTH
-from tests.models.tiny import to_numpy
+from tests.layer_checks import to_numpy
 
 IMAGE_SHAPE, PATCH = (8, 8, 1), 4
 PATCHES = 4

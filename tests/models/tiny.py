@@ -12,7 +12,6 @@ from keras_xf.models import CausalLM
 from keras_xf.models import Seq2SeqLM
 from keras_xf.models import TextClassifier
 from keras_xf.models import TextEncoder
-from tests.layer_checks import to_numpy  # noqa: F401  (re-exported for the model tests)
 
 VOCAB, WIDTH, HEADS, FFN, LAYERS, LENGTH = 32, 16, 2, 32, 2, 12
 SIZES = dict(vocabulary_size=VOCAB, hidden_dim=WIDTH, num_heads=HEADS, intermediate_dim=FFN,

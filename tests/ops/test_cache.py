@@ -4,7 +4,7 @@ PyTorch decoding loop records."""
 import keras
 import numpy as np
 
-from keras_xf.ops.cache import cache_updates_in_place
+from keras_xf.ops.backend_specific import cache_updates_in_place
 from keras_xf.ops.cache import update_cache
 
 

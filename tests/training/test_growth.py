@@ -8,20 +8,21 @@ import pytest
 from keras_xf.training import grow_depth
 from keras_xf.training import grow_width
 from keras_xf.training.grow_width import tiled
+from tests.layer_checks import to_numpy
 from tests.models import tiny
 
 
 def _weights(model):
-    return {w.path: tiny.to_numpy(w) for w in model.weights}
+    return {w.path: to_numpy(w) for w in model.weights}
 
 
 def _find(model, suffix, block=0):
-    return next(tiny.to_numpy(w) for w in model.weights
+    return next(to_numpy(w) for w in model.weights
                 if w.path.endswith(suffix) and (block is None or f"block_{block}/" in w.path))
 
 
 def _logits(model, x):
-    return tiny.to_numpy(model(x))
+    return to_numpy(model(x))
 
 
 def _fit_losses(model, rng, steps=3):

@@ -6,6 +6,7 @@ from keras import ops
 from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.ops.attention import repeat_kv_heads
+from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.positions import clip_relative_distance
 from keras_xf.ops.positions import relative_distance
@@ -74,8 +75,8 @@ class RelativePositionEmbedding(ScoreBias):
                 "max_distance (k_rpr) must be an int >= 0. "
                 f"Received: max_distance={max_distance}"
             )
-        if scale is not None and (not isinstance(scale, (int, float)) or scale <= 0):
-            raise ValueError(f"scale must be a positive number. Received: scale={scale}")
+        if scale is not None:
+            check_positive_number("scale", scale)
         self.max_distance = max_distance
         self.use_values = bool(use_values)
         self.use_queries = bool(use_queries)

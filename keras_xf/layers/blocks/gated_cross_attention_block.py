@@ -14,6 +14,7 @@ from keras_xf.layers.cloning import with_dtype_policy
 from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.residual.residual import make_normalization
+from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import get_initializer
 
@@ -161,6 +162,9 @@ class GatedCrossAttentionBlock(PassesMixerArguments, keras.layers.Layer):
                 "GatedCrossAttentionBlock attends to encoder_outputs: pass them (or a filled "
                 "cache). Received: encoder_outputs=None"
             )
+        if encoder_outputs is not None:
+            check_padding_mask(encoder_padding_mask, encoder_outputs,
+                               name="encoder_padding_mask", inputs_name="encoder_outputs")
         cross_kwargs = {} if encoder_padding_mask is None else {"padding_mask": encoder_padding_mask}
         if cross_cache is not None:
             cross_kwargs["cache"] = cross_cache

@@ -13,6 +13,7 @@ from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.residual.residual import validate_normalization
+from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_rank
 
 
@@ -179,6 +180,9 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
                 raise ValueError(
                     "This block has cross-attention: pass encoder_outputs (or a filled cache)."
                 )
+            if encoder_outputs is not None:
+                check_padding_mask(encoder_padding_mask, encoder_outputs,
+                                   name="encoder_padding_mask", inputs_name="encoder_outputs")
             outputs = self.cross_attention_residual(
                 outputs,
                 encoder_outputs,

@@ -66,8 +66,8 @@ class PatchEmbedding(keras.layers.Layer):
         """Validates an image shape and returns the patch grid `(H/P, W/P)`."""
         if len(inputs_shape) != 4:
             raise ValueError(
-                "PatchEmbedding expects images of rank 4 [batch, height, width, channels]. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
+                "inputs must be images of rank 4 [batch, height, width, channels]. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
             )
         _, height, width, channels = inputs_shape
         for name, size in (("height", height), ("width", width)):

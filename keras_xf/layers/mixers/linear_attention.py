@@ -15,6 +15,7 @@ from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_seed
 from keras_xf.ops.checks import check_sequence_width
 from keras_xf.ops.checks import check_states
 from keras_xf.ops.checks import get_initializer
@@ -218,7 +219,7 @@ class LinearAttention(SequenceMixer):
         self.chunk_size = chunk_size
         self.use_bias = use_bias
         self.epsilon = float(epsilon)
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.input_dim = None

@@ -45,18 +45,9 @@ def check_layer_outputs(layer, x, expected, **call_kwargs):
 
 
 def check_cached_decoding(layer, x):
-    """Prefill of two tokens, then one token at a time, equals the full causal pass."""
-    full = checks.to_numpy(layer(x, use_causal_mask=True))
-    length = x.shape[1]
-    cache = layer.init_cache(x.shape[0], length + 2)
-    out, cache = layer(x[:, :2], use_causal_mask=True, cache=cache, cache_index=0)
-    outputs = [checks.to_numpy(out)]
-    for index in range(2, length):
-        out, cache = layer(
-            x[:, index : index + 1], use_causal_mask=True, cache=cache, cache_index=index
-        )
-        outputs.append(checks.to_numpy(out))
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5, rtol=1e-5)
+    """Prefill of two tokens, then one token at a time, equals the full causal pass (in a
+    cache longer than the sequence)."""
+    checks.check_cached_decoding(layer, x, prefill=2, cache_length=x.shape[1] + 2)
 
 
 def check_mixed_precision(make_hook, rng, policy):

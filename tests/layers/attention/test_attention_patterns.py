@@ -230,14 +230,7 @@ def test_cached_decoding_equals_full_causal_pass(rng, name):
     layer = MultiHeadAttention(num_heads=H, pattern=DECODING[name]())
     assert layer.pattern.supports_decoding
     x = random_normal(rng, (B, T, D))
-    full = to_numpy(layer(x, use_causal_mask=True))
-    cache = layer.init_cache(B, T)
-    out, cache = layer(x[:, :3], use_causal_mask=True, cache=cache, cache_index=0)
-    outputs = [to_numpy(out)]
-    for index in range(3, T):
-        out, cache = layer(x[:, index : index + 1], use_causal_mask=True, cache=cache, cache_index=index)
-        outputs.append(to_numpy(out))
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5, rtol=1e-5)
+    checks.check_cached_decoding(layer, x, prefill=3)
 
 
 @pytest.mark.parametrize(

@@ -79,14 +79,10 @@ def test_cached_decoding_equals_full_causal_pass(rng):
     full = checks.to_numpy(layer(x, use_causal_mask=True, attention_multiplier=m))
     cache = layer.init_cache(B, T)
     assert tuple(cache.shape) == (B, 4, T, 1, D // H)
-    outputs = []
-    for index in range(T):
-        out, cache = layer(
-            x[:, index : index + 1], use_causal_mask=True, cache=cache, cache_index=index,
-            attention_multiplier=m[:, index : index + 1],
-        )
-        outputs.append(checks.to_numpy(out))
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
+    steps, _ = checks.decode_stepwise(
+        layer, x, cache, step_arguments=lambda start, stop: {
+            "attention_multiplier": m[:, start:stop]})
+    np.testing.assert_allclose(steps, full, atol=1e-5)
 
 
 def _block_model(x, m, policy=None):

@@ -128,16 +128,7 @@ def test_selection_of_every_key_is_full_attention(rng):
 def test_selection_cached_decoding_equals_full_causal_pass(rng):
     layer = CompressedAttention(num_heads=2, num_key_value_heads=1, **SELECTION)
     x = random_normal(rng, (B, T, D))
-    full = checks.to_numpy(layer(x, use_causal_mask=True))
-    cache = layer.init_cache(B, T + 2)
-    out, cache = layer(x[:, :4], use_causal_mask=True, cache=cache, cache_index=0)
-    outputs = [checks.to_numpy(out)]
-    for index in range(4, T):
-        out, cache = layer(
-            x[:, index : index + 1], use_causal_mask=True, cache=cache, cache_index=index
-        )
-        outputs.append(checks.to_numpy(out))
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
+    checks.check_cached_decoding(layer, x, prefill=4, cache_length=T + 2)
 
 
 @pytest.mark.parametrize(

@@ -172,15 +172,7 @@ def test_cached_decoding_equals_full_causal_pass(rng, name):
     x = random_normal(rng, (B, T, D))
     layer(x)
     _randomize(layer, rng)
-    full = to_float64(layer(x, use_causal_mask=True))
-    cache = layer.init_cache(B, T + 2)
-    out, cache = layer(x[:, :2], use_causal_mask=True, cache=cache, cache_index=0)
-    outputs = [to_float64(out)]
-    for index in range(2, T):
-        out, cache = layer(x[:, index : index + 1], use_causal_mask=True, cache=cache,
-                           cache_index=index)
-        outputs.append(to_float64(out))
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
+    checks.check_cached_decoding(layer, x, prefill=2, cache_length=T + 2)
 
 
 def test_predicted_cross_attention_cache_equals_full_pass(rng):

@@ -133,16 +133,9 @@ def test_cached_decoding_equals_full_causal_pass(rng, kv_heads, rotary):
         num_heads=4, num_key_value_heads=kv_heads, position=RotaryEmbedding() if rotary else None
     )
     x = random_normal(rng, (B, T, D))
-    full = checks.to_numpy(layer(x, use_causal_mask=True))
-    cache = layer.init_cache(B, T + 2)
-    assert tuple(cache.shape) == (B, 2, T + 2, kv_heads, D // 4)
     # Prefill two tokens, then one token at a time.
-    out, cache = layer(x[:, :2], use_causal_mask=True, cache=cache, cache_index=0)
-    outputs = [checks.to_numpy(out)]
-    for index in range(2, T):
-        out, cache = layer(x[:, index : index + 1], use_causal_mask=True, cache=cache, cache_index=index)
-        outputs.append(checks.to_numpy(out))
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
+    checks.check_cached_decoding(layer, x, prefill=2, cache_length=T + 2)
+    assert tuple(layer.init_cache(B, T + 2).shape) == (B, 2, T + 2, kv_heads, D // 4)
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1])

@@ -2,7 +2,6 @@
 on all heads or on `guided_heads`, through MultiHeadAttention, TransformerBlock and
 TransformerStack."""
 
-import keras
 import numpy as np
 import pytest
 
@@ -140,16 +139,10 @@ def test_cached_decoding_equals_full_causal_pass(rng):
     full = checks.to_numpy(
         layer(x, use_causal_mask=True, attention_bias=add, attention_multiplier=mul)
     )
-    cache = layer.init_cache(B, T)
-    outputs = []
-    for index in range(T):
-        step = slice(index, index + 1)
-        out, cache = layer(
-            x[:, step], use_causal_mask=True, cache=cache, cache_index=index,
-            attention_bias=add[:, step], attention_multiplier=mul[:, :, step],
-        )
-        outputs.append(checks.to_numpy(out))
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
+    steps, _ = checks.decode_stepwise(
+        layer, x, layer.init_cache(B, T), step_arguments=lambda start, stop: {
+            "attention_bias": add[:, start:stop], "attention_multiplier": mul[:, :, start:stop]})
+    np.testing.assert_allclose(steps, full, atol=1e-5)
 
 
 def _block(**mixer):

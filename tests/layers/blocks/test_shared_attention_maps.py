@@ -97,16 +97,7 @@ def test_sharing_needs_an_attention_mixer():
 def test_cached_decoding_equals_full_causal_pass(rng, kv_heads):
     stack = _stack(3, 2, kv_heads)
     x = random_normal(rng, (B, T, D))
-    full = checks.to_numpy(stack(x, use_causal_mask=True))
-    cache = stack.init_cache(B, T)
-    out, cache = stack(x[:, :2], use_causal_mask=True, cache=cache, cache_index=0)
-    outputs = [checks.to_numpy(out)]
-    for index in range(2, T):
-        out, cache = stack(
-            x[:, index : index + 1], use_causal_mask=True, cache=cache, cache_index=index
-        )
-        outputs.append(checks.to_numpy(out))
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
+    checks.check_cached_decoding(stack, x, prefill=2)
 
 
 def test_config_fit_and_saving(rng, tmp_path):

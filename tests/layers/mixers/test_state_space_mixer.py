@@ -12,7 +12,6 @@ from tests import layer_checks as checks
 from tests.layers.bad_inputs import bad_padding_masks
 from tests.layers.bad_inputs import raises_naming
 from tests.layer_checks import random_normal
-from tests.models.tiny import VOCAB
 from tests.models.tiny import WIDTH
 from tests.models.tiny import causal_lm
 from tests.models.tiny import token_batch

@@ -3,15 +3,9 @@
 import numpy as np
 
 from keras_xf.ops.attention import repeat_kv_heads
-from keras_xf.ops.checks import check_positive_int  # noqa: F401 (used by the patterns)
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
 from keras_xf.layers.cloning import as_layer
 from keras_xf.ops.masks import expand_attention_mask
-
-
-def check_seed(seed):
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"seed must be None or a non-negative int. Received: seed={seed}")
 
 
 def draw_seed(seed):

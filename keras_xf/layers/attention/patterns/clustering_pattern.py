@@ -5,8 +5,8 @@ import numpy as np
 from keras import ops
 
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
-from keras_xf.layers.attention.patterns._validation import check_positive_int
-from keras_xf.layers.attention.patterns._validation import check_seed
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_seed
 from keras_xf.layers.attention.patterns._validation import draw_seed
 from keras_xf.layers.attention.patterns._validation import key_heads_like_query
 
@@ -61,7 +61,7 @@ class ClusteringPattern(AttentionPattern):
             raise ValueError(f"decay must be a float in [0, 1). Received: decay={decay}")
         if not isinstance(epsilon, (int, float)) or epsilon <= 0:
             raise ValueError(f"epsilon must be a positive float. Received: epsilon={epsilon}")
-        check_seed(seed)
+        seed = check_seed(seed)
         self.num_clusters = num_clusters
         self.decay = float(decay)
         self.seed = seed

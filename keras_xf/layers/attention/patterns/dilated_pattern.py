@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
-from keras_xf.layers.attention.patterns._validation import check_positive_int
+from keras_xf.ops.checks import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")

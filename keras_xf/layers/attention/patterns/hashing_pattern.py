@@ -5,8 +5,8 @@ import numpy as np
 from keras import ops
 
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
-from keras_xf.layers.attention.patterns._validation import check_positive_int
-from keras_xf.layers.attention.patterns._validation import check_seed
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_seed
 from keras_xf.layers.attention.patterns._validation import draw_seed
 from keras_xf.layers.attention.patterns._validation import key_heads_like_query
 
@@ -67,7 +67,7 @@ class HashingPattern(AttentionPattern):
         if chunk_size is not None:
             check_positive_int("chunk_size", chunk_size)
         check_positive_int("num_hashes", num_hashes)
-        check_seed(seed)
+        seed = check_seed(seed)
         self.num_buckets = num_buckets
         self.chunk_size = chunk_size
         self.num_hashes = num_hashes

@@ -5,8 +5,8 @@ import numpy as np
 from keras import ops
 
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
-from keras_xf.layers.attention.patterns._validation import check_positive_int
-from keras_xf.layers.attention.patterns._validation import check_seed
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_seed
 from keras_xf.layers.attention.patterns._validation import draw_seed
 
 
@@ -60,7 +60,7 @@ class RandomPattern(AttentionPattern):
         super().__init__(**kwargs)
         check_positive_int("num_random", num_random)
         check_positive_int("max_length", max_length)
-        check_seed(seed)
+        seed = check_seed(seed)
         self.num_random = num_random
         self.max_length = max_length
         self.seed = seed
