@@ -13,3 +13,5 @@ from keras_xf.models.vision_backbone import VisionBackbone
 from keras_xf.models.vision_classifier import VisionClassifier
 from keras_xf.models.vision_language_encoder import VisionLanguageEncoder
 from keras_xf.models.vision_language_lm import VisionLanguageLM
+from keras_xf.models.huggingface import from_huggingface
+from keras_xf.models.huggingface import to_huggingface

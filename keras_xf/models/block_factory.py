@@ -62,10 +62,19 @@ def prepare_block(block, position, cross_attention=False):
     config = serialize_layer(block)["config"]
     mixer = config["mixer"]
     if position == "rotary" and mixer["class_name"] == "MultiHeadAttention":
-        mixer = dict(mixer)
-        mixer["config"] = dict(mixer["config"], position=keras.saving.serialize_keras_object(
-            RotaryEmbedding()))
-        config["mixer"] = mixer
+        own = mixer["config"].get("position")
+        # A template's own RotaryEmbedding (its base, its scaling) is kept as given.
+        if own is None:
+            mixer = dict(mixer)
+            mixer["config"] = dict(mixer["config"], position=keras.saving.serialize_keras_object(
+                RotaryEmbedding()))
+            config["mixer"] = mixer
+        elif own.get("class_name") != "RotaryEmbedding":
+            raise ValueError(
+                'position="rotary" puts RoPE into the attention of the block template, whose '
+                f"attention already has position={own.get('class_name')}. Pass "
+                'position="none" to keep the template\'s own position hook.'
+            )
     if cross_attention and config.get("cross_attention") is None:
         if config["mixer"]["class_name"] != "MultiHeadAttention":
             raise ValueError(

@@ -22,15 +22,16 @@ PRESETS = {
                        norm_placement="post", activation="relu", dropout=0.3,
                        share_embeddings=True, tie_embeddings=True, embedding_scale=True),
     },
-    # GPT-2 small: 12 pre-norm layers, width 768, 12 heads, GELU, learned positions, tied.
+    # GPT-2 small: 12 pre-norm layers, width 768, 12 heads, tanh-approximated GELU (GPT-2's
+    # "gelu_new"), learned positions, tied.
     "gpt2_small": {
         "task": "causal_lm",
         "config": dict(vocabulary_size=50257, num_layers=12, hidden_dim=768, num_heads=12,
                        intermediate_dim=3072, max_sequence_length=1024, position="learned",
-                       norm_placement="pre", activation="gelu", dropout=0.1,
+                       norm_placement="pre", activation="gelu_tanh", dropout=0.1,
                        tie_embeddings=True),
     },
-    # A BERT-base-like encoder for TextEncoder / TextClassifier.
+    # A BERT-base-like encoder for TextEncoder / TextClassifier (exact GELU, as BERT).
     "bert_base": {
         "task": "text_encoder",
         "config": dict(vocabulary_size=30522, num_layers=12, hidden_dim=768, num_heads=12,

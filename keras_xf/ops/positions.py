@@ -9,6 +9,8 @@ relative-position biases the survey cites there and in its summary.
 
 import math
 
+import numpy as np
+
 from keras import ops
 
 
@@ -74,14 +76,45 @@ def sinusoid_table_2d(rows, cols, dim, base=10000.0):
     )
 
 
-def rotary_angles(positions, head_dim, base=10000.0, scaling_factor=1.0):
-    """Rotation angles `θ_{j,k} = (j / scaling_factor) · base^(-2k/head_dim)`, `[..., head_dim/2]`."""
-    frequencies = sinusoid_inverse_frequencies(head_dim, base)
+FREQUENCY_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                          "original_max_position_embeddings")
+
+
+def scaled_rotary_frequencies(head_dim, base, factor, low_freq_factor, high_freq_factor,
+                              original_max_position_embeddings):
+    """Llama 3's rescaled RoPE frequencies, as a float32 NumPy array `[head_dim/2]`.
+
+    With `L` the original context length, wavelengths `λ_k = 2π/ω_k` shorter than
+    `L/high_freq_factor` keep `ω_k`; those longer than `L/low_freq_factor` become `ω_k/factor`;
+    in between, `ω_k` is interpolated by `s = (L/λ_k − low) / (high − low)`:
+    `(1 − s)·ω_k/factor + s·ω_k`. Long wavelengths stretch to the longer context while the
+    short ones, which encode local order, stay.
+    """
+    frequencies = 1.0 / float(base) ** (np.arange(0, head_dim, 2, dtype="float64") / head_dim)
+    wavelengths = 2 * np.pi / frequencies
+    length = float(original_max_position_embeddings)
+    smooth = (length / wavelengths - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    interpolated = (1 - smooth) * frequencies / factor + smooth * frequencies
+    scaled = np.where(wavelengths > length / low_freq_factor, frequencies / factor, frequencies)
+    medium = (wavelengths >= length / high_freq_factor) & (wavelengths <= length / low_freq_factor)
+    return np.where(medium, interpolated, scaled).astype("float32")
+
+
+def rotary_angles(positions, head_dim, base=10000.0, scaling_factor=1.0,
+                  frequency_scaling=None):
+    """Rotation angles `θ_{j,k} = (j / scaling_factor) · ω_k`, `[..., head_dim/2]`, with
+    `ω_k = base^(-2k/head_dim)`, or Llama 3's rescaled `ω_k` when `frequency_scaling` holds
+    the arguments of `scaled_rotary_frequencies` (`FREQUENCY_SCALING_KEYS`)."""
+    if frequency_scaling:
+        frequencies = ops.convert_to_tensor(
+            scaled_rotary_frequencies(head_dim, base, **frequency_scaling), "float32")
+    else:
+        frequencies = sinusoid_inverse_frequencies(head_dim, base)
     positions = ops.cast(positions, "float32") / float(scaling_factor)
     return positions[..., None] * frequencies
 
 
-def apply_rotary(inputs, positions, base=10000.0, scaling_factor=1.0):
+def apply_rotary(inputs, positions, base=10000.0, scaling_factor=1.0, frequency_scaling=None):
     """Rotates pairs of features by position-dependent angles (RoPE).
 
     The head dimension is split in halves `(x₁, x₂)` and each pair `(x₁ₖ, x₂ₖ)` is rotated by
@@ -93,12 +126,13 @@ def apply_rotary(inputs, positions, base=10000.0, scaling_factor=1.0):
         positions: int tensor `[T]` or `[B, T]`.
         base: the wavelength base.
         scaling_factor: positions are divided by it (linear position interpolation).
+        frequency_scaling: optional Llama 3 frequency rescaling (see `rotary_angles`).
 
     Returns:
         A tensor like `inputs`, computed in float32 and cast back to the input dtype.
     """
     head_dim = inputs.shape[-1]
-    angles = rotary_angles(positions, head_dim, base, scaling_factor)  # [(B,) T, Dh/2]
+    angles = rotary_angles(positions, head_dim, base, scaling_factor, frequency_scaling)  # [(B,) T, Dh/2]
     if len(angles.shape) == 2:
         angles = angles[None]
     cos = ops.cos(angles)[:, :, None, :]

@@ -105,6 +105,28 @@ def test_positions(rng, position):
     assert not np.allclose(logits[1], logits[3], atol=1e-4)
 
 
+def test_rotary_settings_of_the_template_are_kept():
+    # A Llama-3-style base and a position interpolation factor survive position="rotary".
+    rope = RotaryEmbedding(max_wavelength=500000.0, scaling_factor=4.0)
+    block = TransformerBlock(MultiHeadAttention(2, position=rope), FeedForward(FFN))
+    model = CausalLM(vocabulary_size=VOCAB, num_layers=2, hidden_dim=WIDTH, block=block,
+                     position="rotary", max_sequence_length=LENGTH)
+    for layer in model.backbone.transformer_stack.blocks:
+        assert layer.mixer.position.max_wavelength == 500000.0
+        assert layer.mixer.position.scaling_factor == 4.0
+    clone = CausalLM.from_config(model.get_config())
+    assert clone.backbone.transformer_stack.blocks[0].mixer.position.max_wavelength == 500000.0
+
+
+def test_rotary_position_refuses_a_template_with_another_position_hook():
+    from keras_xf.layers import PositionHook
+
+    block = TransformerBlock(MultiHeadAttention(2, position=PositionHook()), FeedForward(FFN))
+    with pytest.raises(ValueError, match='position="rotary".*PositionHook'):
+        CausalLM(vocabulary_size=VOCAB, num_layers=1, hidden_dim=WIDTH, block=block,
+                 position="rotary")
+
+
 def test_position_none_is_order_blind_up_to_causality(rng):
     model = causal_lm(position="none", num_layers=1)
     randomize_embeddings(model)
@@ -178,7 +200,7 @@ def test_gpt2_small_preset_with_tiny_overrides():
         VOCAB, 1, WIDTH)
     assert config["position"] == "learned"
     assert config["norm_placement"] == "pre"
-    assert config["activation"] == "gelu"
+    assert config["activation"] == "gelu_tanh"
     assert config["tie_embeddings"] is True
     assert config["dropout"] == 0.1
     assert model.count_params() == (
@@ -194,6 +216,9 @@ def test_gpt2_small_preset_hyperparameters():
                                     "intermediate_dim", "max_sequence_length")} == dict(
         vocabulary_size=50257, num_layers=12, hidden_dim=768, num_heads=12,
         intermediate_dim=3072, max_sequence_length=1024)
+    # GPT-2's "gelu_new" is the tanh approximation; BERT's "gelu" is the exact form.
+    assert config["activation"] == "gelu_tanh" and config["norm_placement"] == "pre"
+    assert preset_config("bert_base", "text_encoder")["activation"] == "gelu"
 
 
 def test_unknown_or_mismatched_preset_raises():

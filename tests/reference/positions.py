@@ -29,11 +29,30 @@ def sinusoidal_shift_matrix(offset, dim, base=10000.0):
     return matrix
 
 
-def rotary(x, positions, base=10000.0, scaling_factor=1.0):
-    """Rotates the halves `(x₁, x₂)` of `[..., T, H, Dh]` by `θ_{j,k} = j · base^{-2k/Dh}`."""
+def llama3_frequencies(dim, base, factor, low_freq_factor, high_freq_factor,
+                       original_max_position_embeddings):
+    """Llama 3's RoPE frequencies, one at a time: wavelengths above `L/low` are stretched by
+    `factor`, those below `L/high` kept, those between interpolated linearly in `L/λ`."""
+    result = []
+    for frequency in base ** (-np.arange(0, dim, 2) / dim):
+        wavelength = 2 * np.pi / frequency
+        ratio = original_max_position_embeddings / wavelength
+        if ratio < low_freq_factor:
+            result.append(frequency / factor)
+        elif ratio > high_freq_factor:
+            result.append(frequency)
+        else:
+            s = (ratio - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            result.append((1 - s) * frequency / factor + s * frequency)
+    return np.array(result)
+
+
+def rotary(x, positions, base=10000.0, scaling_factor=1.0, frequencies=None):
+    """Rotates the halves `(x₁, x₂)` of `[..., T, H, Dh]` by `θ_{j,k} = j · base^{-2k/Dh}` (or
+    by `j · frequencies[k]`)."""
     dim = x.shape[-1]
     half = dim // 2
-    freqs = base ** (-np.arange(0, dim, 2) / dim)
+    freqs = base ** (-np.arange(0, dim, 2) / dim) if frequencies is None else frequencies
     angles = (np.asarray(positions, np.float64) / scaling_factor)[..., None] * freqs
     cos = np.cos(angles)[..., None, :]
     sin = np.sin(angles)[..., None, :]

@@ -78,6 +78,8 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         num_key_value_heads: int dividing `num_heads` (1 = MQA); defaults to `num_heads`.
         output_dim: int, output width; defaults to the query width.
         use_bias: bool, biases in the four projections.
+        output_bias: optional bool, a bias in the output projection; `use_bias` when `None`
+            (Qwen2 has biases in the query, key and value projections only).
         dropout: float in [0, 1), dropout on the attention weights.
         causal: bool, default for `use_causal_mask`.
         scale: float, score scale; defaults to `1/√head_dim`.
@@ -130,6 +132,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         num_key_value_heads=None,
         output_dim=None,
         use_bias=True,
+        output_bias=None,
         dropout=0.0,
         causal=False,
         scale=None,
@@ -160,16 +163,18 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         check_rate("dropout", dropout)
         if scale is not None:
             check_positive_number("scale", scale)
-        if not isinstance(use_bias, bool) or not isinstance(causal, bool):
-            raise ValueError(
-                "use_bias and causal must be bools. Received: "
-                f"use_bias={use_bias!r}, causal={causal!r}"
-            )
+        if output_bias is None:
+            output_bias = use_bias
+        for name, value in (("use_bias", use_bias), ("output_bias", output_bias),
+                            ("causal", causal)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool. Received: {name}={value!r}")
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_key_value_heads = num_key_value_heads
         self.output_dim = output_dim
         self.use_bias = use_bias
+        self.output_bias = output_bias
         self.dropout = dropout
         self.causal = causal
         self.scale = scale
@@ -195,9 +200,10 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         self._weight_mixers = [b for b in self.biases if b.mixes_weights]
         self._init_score_extensions(guided_heads, qk_dim)
 
-    def _projection(self, name, equation, output_shape, bias_axes):
+    def _projection(self, name, equation, output_shape, bias_axes, use_bias=None):
         return head_projection(
-            name, equation, output_shape, bias_axes, use_bias=self.use_bias,
+            name, equation, output_shape, bias_axes,
+            use_bias=self.use_bias if use_bias is None else use_bias,
             kernel_initializer=self.kernel_initializer, bias_initializer=self.bias_initializer,
             dtype=self.dtype_policy,
         )
@@ -234,7 +240,8 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         self.query_dense = self._projection("query", INTO_HEADS, (None, heads, qk), "hk")
         self.key_dense = self._projection("key", INTO_HEADS, (None, kv_heads, qk), "hk")
         self.value_dense = self._projection("value", INTO_HEADS, (None, kv_heads, dim), "hk")
-        self.output_dense = self._projection("attention_output", OUT_OF_HEADS, (None, out_dim), "d")
+        self.output_dense = self._projection("attention_output", OUT_OF_HEADS, (None, out_dim), "d",
+                                             use_bias=self.output_bias)
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
@@ -545,6 +552,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
                 "num_key_value_heads": self.num_key_value_heads,
                 "output_dim": self.output_dim,
                 "use_bias": self.use_bias,
+                "output_bias": self.output_bias,
                 "dropout": self.dropout,
                 "causal": self.causal,
                 "scale": self.scale,

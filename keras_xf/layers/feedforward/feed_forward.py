@@ -25,9 +25,9 @@ class FeedForward(FeedForwardLayer):
 
     Args:
         hidden_dim: int, `d_ffn` (commonly `4d`).
-        activation: one of `"relu"` (default, as in the survey), `"gelu"` (exact, with erf),
-            `"gelu_tanh"` (the tanh approximation of GPT-2 and BERT), `"silu"`, `"swiglu"`,
-            `"geglu"`.
+        activation: one of `"relu"` (default, as in the survey), `"gelu"` (exact, with erf,
+            as BERT and ViT), `"gelu_tanh"` (the tanh approximation of GPT-2), `"silu"`,
+            `"swiglu"`, `"geglu"`.
         use_bias: bool, biases in the projections.
         dropout: float in [0, 1), dropout on the hidden layer.
         output_dim: int, output width; defaults to the input width.

@@ -75,6 +75,9 @@ class WindowPattern(AttentionPattern):
         ({"num_heads": 4, "num_key_value_heads": 2}, 2 * (D * D + D) + 2 * (D * 8 + 8)),
         ({"num_heads": 4, "num_key_value_heads": 1, "use_bias": False}, 2 * D * D + 2 * D * 4),
         ({"num_heads": 2, "head_dim": 4, "output_dim": 8}, 3 * (D * 8 + 8) + 8 * 8 + 8),
+        # Qwen2's layout: query, key and value biases, no output bias (and the inverse).
+        ({"num_heads": 4, "output_bias": False}, 3 * (D * D + D) + D * D),
+        ({"num_heads": 4, "use_bias": False, "output_bias": True}, 4 * D * D + D),
     ],
 )
 def test_exact_weight_count(rng, kwargs, expected):
@@ -292,6 +295,7 @@ def test_jit_compile(rng):
         ({"num_heads": 4, "num_key_value_heads": 3}, "num_heads=4, num_key_value_heads=3"),
         ({"num_heads": 4, "dropout": -0.1}, "dropout=-0.1"),
         ({"num_heads": 4, "head_dim": -2}, "head_dim=-2"),
+        ({"num_heads": 4, "output_bias": "no"}, "output_bias must be a bool"),
     ],
 )
 def test_bad_configs_raise(kwargs, match):

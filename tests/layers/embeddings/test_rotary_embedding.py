@@ -50,6 +50,33 @@ def test_config_round_trip():
     assert clone.max_wavelength == 500.0 and clone.scaling_factor == 2.0 and clone.name == "rope"
 
 
+LLAMA3 = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+              original_max_position_embeddings=64)
+
+
+def test_llama3_frequency_scaling_matches_reference(rng):
+    x = heads(rng, (2, 40, 2, 32))
+    layer = RotaryEmbedding(max_wavelength=500.0, frequency_scaling=LLAMA3)
+    frequencies = ref.llama3_frequencies(32, 500.0, **LLAMA3)
+    # The short wavelengths are kept, the long ones stretched, some lie in between.
+    plain = 500.0 ** (-np.arange(0, 32, 2) / 32)
+    assert frequencies[0] == plain[0] and np.isclose(frequencies[-1], plain[-1] / 8)
+    assert ((frequencies < plain) & (frequencies > plain / 8)).any()
+    expected = ref.rotary(x, np.arange(40), frequencies=frequencies)
+    np.testing.assert_allclose(to_numpy(layer(x)), expected, atol=1e-4)
+    clone = check_config_round_trip(layer)
+    assert clone.frequency_scaling == LLAMA3
+
+
+@pytest.mark.parametrize("scaling", [
+    {"factor": 8.0}, dict(LLAMA3, factor=0.5), dict(LLAMA3, high_freq_factor=1.0),
+    dict(LLAMA3, low_freq_factor=float("nan")), "llama3",
+])
+def test_invalid_frequency_scaling(scaling):
+    with pytest.raises(ValueError, match="frequency_scaling"):
+        RotaryEmbedding(frequency_scaling=scaling)
+
+
 @pytest.mark.parametrize("max_wavelength,scaling_factor", [(10000.0, 1.0), (100.0, 1.0), (10000.0, 4.0)])
 def test_matches_reference(rng, max_wavelength, scaling_factor):
     x = heads(rng)

@@ -1,0 +1,4 @@
+"""Hugging Face checkpoint folders ↔ keras_xf task models."""
+
+from keras_xf.models.huggingface.convert import from_huggingface
+from keras_xf.models.huggingface.convert import to_huggingface

@@ -1,0 +1,91 @@
+"""Hugging Face checkpoint folders ↔ keras_xf task models."""
+
+import json
+import os
+
+from keras_xf.models.huggingface import gpt2
+from keras_xf.models.huggingface import llama
+from keras_xf.models.huggingface.safetensors_folder import SafetensorsFolder
+
+# Each family: its architecture names, `build(config, dtype)`, `tensor_map(model, config)`
+# and `hf_config(model)`.
+FAMILIES = {"gpt2": gpt2, "llama": llama}
+
+
+def _family_of(config, directory):
+    architectures = config.get("architectures") or []
+    for family in FAMILIES.values():
+        if any(a in family.ARCHITECTURES for a in architectures):
+            return family, next(a for a in architectures if a in family.ARCHITECTURES)
+    known = sorted(a for f in FAMILIES.values() for a in f.ARCHITECTURES)
+    raise ValueError(
+        f"The checkpoint in {directory} is a {architectures or config.get('model_type')!r}, "
+        f"which keras_xf does not load. Loadable architectures: {known}"
+    )
+
+
+def from_huggingface(directory, dtype=None):
+    """The keras_xf task model of a local Hugging Face checkpoint folder, with every tensor
+    loaded.
+
+    Args:
+        directory: a folder with `config.json` and `model.safetensors` (or sharded files with
+            `model.safetensors.index.json`), as written by `save_pretrained`.
+        dtype: the model's dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`, ...);
+            the Keras default when `None`. Tensors are cast to it as they are loaded.
+
+    Returns:
+        A `CausalLM` (GPT-2, Llama), built from the model classes.
+
+    Raises:
+        ValueError: a folder of another architecture, or a tensor that is missing, left
+            unused, or of a shape that does not fit, named in the message.
+
+    Example:
+    >>> model = from_huggingface("path/to/llama")  # doctest: +SKIP
+    >>> model.generate(["..."], max_length=32)  # doctest: +SKIP
+    """
+    folder = SafetensorsFolder(directory)
+    family, architecture = _family_of(folder.config, directory)
+    model = family.build(folder.config, dtype=dtype)
+    family.tensor_map(model, folder.config).load(folder, architecture)
+    return model
+
+
+def to_huggingface(model, directory, family=None, dtype=None):
+    """Writes `model` as a Hugging Face checkpoint folder (`config.json`, `model.safetensors`)
+    that `transformers` loads with equal outputs.
+
+    Args:
+        model: a keras_xf task model that one of the families expresses.
+        directory: the folder to write (created if needed).
+        family: `"gpt2"` or `"llama"`; by default the first family that expresses `model`.
+        dtype: NumPy dtype name of the written tensors (`"float32"`, `"float16"`); the
+            variables' own dtype when `None` (bfloat16 variables are written as float32).
+
+    Returns:
+        The family written.
+    """
+    from safetensors.numpy import save_file
+
+    names = [family] if family is not None else list(FAMILIES)
+    if family is not None and family not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}. Received: family={family!r}")
+    reasons = {}
+    for name in names:
+        try:
+            config = FAMILIES[name].hf_config(model)
+        except ValueError as error:
+            reasons[name] = str(error)
+            continue
+        tensors = FAMILIES[name].tensor_map(model, config).tensors(dtype)
+        tensors = {k: v.astype("float32") if v.dtype.name == "bfloat16" else v
+                   for k, v in tensors.items()}
+        config["torch_dtype"] = str(next(iter(tensors.values())).dtype)
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "config.json"), "w") as file:
+            json.dump(config, file, indent=2)
+        save_file(tensors, os.path.join(directory, "model.safetensors"),
+                  metadata={"format": "pt"})
+        return name
+    raise ValueError(f"No checkpoint family expresses this {type(model).__name__}: {reasons}")

@@ -1,0 +1,115 @@
+"""The map between a checkpoint's tensor names and a keras_xf model's variables."""
+
+import re
+
+import keras
+import numpy as np
+
+
+class Entry:
+    """Checkpoint tensors `names` ↔ model `variables`.
+
+    `to_model(arrays)` turns the checkpoint arrays (in the order of `names`) into one array
+    per variable; `to_checkpoint(arrays)` is its inverse.
+    """
+
+    def __init__(self, names, variables, to_model, to_checkpoint):
+        self.names, self.variables = list(names), list(variables)
+        self.to_model, self.to_checkpoint = to_model, to_checkpoint
+
+
+def copy(name, variable, flat=False):
+    """A tensor stored as the variable holds it (embeddings, norm scales, biases), or flat
+    with `flat=True` (a `[H·Dh]` bias of a `[H, Dh]` variable)."""
+    shape = tuple(variable.shape)
+    return Entry([name], [variable], lambda a: [a[0].reshape(shape)],
+                 lambda a: [a[0].reshape(-1) if flat else a[0]])
+
+
+def linear(name, variable, input_axes=1):
+    """A `torch.nn.Linear` weight `[out, in]` ↔ a kernel whose first `input_axes` axes are
+    its inputs (`[d, H, Dh]` queries: 1; `[H, Dh, d]` attention outputs: 2)."""
+    shape = tuple(variable.shape)
+    inputs = int(np.prod(shape[:input_axes]))
+    return Entry([name], [variable], lambda a: [a[0].T.reshape(shape)],
+                 lambda a: [a[0].reshape(inputs, -1).T])
+
+
+def transposed(name, variable):
+    """A tensor stored as the transpose of the variable (a tied-off output projection)."""
+    return Entry([name], [variable], lambda a: [a[0].T], lambda a: [a[0].T])
+
+
+def split(name, variables, axis, to_model_each=None, to_checkpoint_each=None):
+    """One fused tensor (GPT-2's `c_attn` holds q, k and v) ↔ equal parts along `axis`."""
+    to_model_each = to_model_each or [lambda a: a] * len(variables)
+    to_checkpoint_each = to_checkpoint_each or [lambda a: a] * len(variables)
+    return Entry(
+        [name], variables,
+        lambda a: [f(p) for f, p in zip(to_model_each, np.split(a[0], len(variables), axis))],
+        lambda a: [np.concatenate([f(p) for f, p in zip(to_checkpoint_each, a)], axis)],
+    )
+
+
+class TensorMap:
+    """Every tensor of a checkpoint family, each mapped to the variables it fills.
+
+    Args:
+        entries: `Entry` objects.
+        ignored: regular expressions of checkpoint tensors that carry nothing to load
+            (buffers that a framework saves, an output projection tied to the embeddings).
+    """
+
+    def __init__(self, entries, ignored=()):
+        self.entries = list(entries)
+        self.ignored = [re.compile(p) for p in ignored]
+
+    def _is_ignored(self, name):
+        return any(p.fullmatch(name) for p in self.ignored)
+
+    def load(self, folder, architecture):
+        """Assigns every variable from `folder` (a `SafetensorsFolder`); raises a `ValueError`
+        naming the tensor that is missing, of the wrong shape, or left unused."""
+        used = set()
+        for entry in self.entries:
+            for name in entry.names:
+                if name not in folder:
+                    raise ValueError(
+                        f"The {architecture} checkpoint in {folder.directory} lacks tensor "
+                        f"{name!r}."
+                    )
+            arrays = [folder[name] for name in entry.names]
+            try:
+                values = entry.to_model(arrays)
+            except ValueError as error:
+                raise ValueError(self._shape_message(entry, arrays, error)) from None
+            for variable, value in zip(entry.variables, values):
+                if tuple(value.shape) != tuple(variable.shape):
+                    raise ValueError(self._shape_message(entry, arrays, None))
+                variable.assign(np.asarray(value, keras.backend.standardize_dtype(
+                    variable.dtype)))
+            used.update(entry.names)
+        unused = [n for n in folder.keys() if n not in used and not self._is_ignored(n)]
+        if unused:
+            raise ValueError(
+                f"The {architecture} checkpoint in {folder.directory} has tensors that no "
+                f"variable takes: {unused[:10]}{' ...' if len(unused) > 10 else ''}"
+            )
+
+    @staticmethod
+    def _shape_message(entry, arrays, error):
+        shapes = {n: tuple(a.shape) for n, a in zip(entry.names, arrays)}
+        wanted = {v.path: tuple(v.shape) for v in entry.variables}
+        return (f"Checkpoint tensor shapes {shapes} do not fit the variables {wanted}"
+                + (f" ({error})" if error else ""))
+
+    def tensors(self, dtype=None):
+        """`{name: array}` of every checkpoint tensor, from the variables' values."""
+        result = {}
+        for entry in self.entries:
+            values = [keras.ops.convert_to_numpy(v.value) for v in entry.variables]
+            if dtype is not None:
+                values = [v.astype(dtype) for v in values]
+            for name, array in zip(entry.names, entry.to_checkpoint(values)):
+                result[name] = np.ascontiguousarray(array)
+        return result

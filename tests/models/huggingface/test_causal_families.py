@@ -1,0 +1,206 @@
+"""Hugging Face causal-LM checkpoints (GPT-2, Llama) ↔ keras_xf `CausalLM`: tiny random
+`transformers` models, every parameter perturbed, saved with `save_pretrained`, loaded by
+`from_huggingface` on the current backend, and written back by `to_huggingface`."""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from keras_xf.models import CausalLM  # noqa: E402
+from keras_xf.models import from_huggingface  # noqa: E402
+from keras_xf.models import to_huggingface  # noqa: E402
+
+VOCAB, LENGTH = 61, 12
+ROPE_LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8}
+CONFIGS = {
+    "gpt2": lambda: transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=4, n_positions=32, bos_token_id=1,
+        eos_token_id=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "llama": lambda: transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rms_norm_eps=1e-5),
+    # Tied embeddings, Llama 3 frequency rescaling, and a head width of its own.
+    "llama3_tied": lambda: transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=12, max_position_embeddings=64,
+        rope_parameters=ROPE_LLAMA3, tie_word_embeddings=True),
+    # A window of 4 keys: the 12-token batch reaches well past it.
+    "mistral": lambda: transformers.MistralConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, sliding_window=4,
+        max_position_embeddings=64),
+    # Biases on the query, key and value projections, none on the output.
+    "qwen2": lambda: transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
+}
+
+
+def reference_model(name, seed=0):
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[name]())
+    with torch.no_grad():  # no zero bias, no unit norm scale
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def checkpoint(request, tmp_path_factory):
+    """`(name, folder, reference model)`."""
+    folder = tmp_path_factory.mktemp(request.param)
+    model = reference_model(request.param)
+    model.save_pretrained(folder)
+    return request.param, folder, model
+
+
+def batch(seed=0):
+    """Token ids `[2, LENGTH]`; the second row is right-padded after 7 tokens."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, VOCAB, size=(2, LENGTH)).astype("int32")
+    mask = np.ones((2, LENGTH), "int32")
+    mask[1, 7:] = 0
+    ids[1, 7:] = 0
+    return ids, mask
+
+
+def reference_logits(model, ids, mask):
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                    attention_mask=torch.tensor(mask, dtype=torch.long))
+    return out.logits.float().numpy()
+
+
+def keras_logits(model, ids, mask):
+    return keras.ops.convert_to_numpy(model({"token_ids": ids, "padding_mask": mask}))
+
+
+def assert_logits_equal(actual, expected, mask, atol=1e-4):
+    real = mask.astype(bool)
+    np.testing.assert_allclose(actual[real], expected[real], atol=atol, rtol=1e-4)
+
+
+def test_logits_equal_transformers(checkpoint):
+    name, folder, reference = checkpoint
+    model = from_huggingface(folder)
+    assert isinstance(model, CausalLM)
+    ids, mask = batch()
+    assert_logits_equal(keras_logits(model, ids, mask), reference_logits(reference, ids, mask),
+                        mask)
+
+
+def test_greedy_generation_equals_transformers(checkpoint):
+    name, folder, reference = checkpoint
+    model = from_huggingface(folder)
+    ids = batch(1)[0][:, :4]
+    with torch.no_grad():
+        expected = reference.generate(
+            torch.tensor(ids, dtype=torch.long), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+            max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0,
+        ).numpy()
+    generated = model.generate({"token_ids": np.pad(ids, [(0, 0), (0, 6)]),
+                                "padding_mask": np.pad(np.ones_like(ids), [(0, 0), (0, 6)])},
+                               stop_token_ids=None)
+    np.testing.assert_array_equal(np.asarray(generated["token_ids"]), expected)
+
+
+def test_written_checkpoint_loads_in_transformers(checkpoint, tmp_path):
+    name, folder, reference = checkpoint
+    model = from_huggingface(folder)
+    family = to_huggingface(model, tmp_path)
+    assert family == ("gpt2" if name == "gpt2" else "llama")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids, mask = batch(2)
+    assert_logits_equal(reference_logits(reloaded, ids, mask),
+                        reference_logits(reference, ids, mask), mask, atol=1e-5)
+    # And back into keras_xf: the same outputs.
+    again = from_huggingface(tmp_path)
+    np.testing.assert_array_equal(keras_logits(again, ids, mask), keras_logits(model, ids, mask))
+
+
+def test_bfloat16_and_sharded_checkpoints(tmp_path):
+    reference = reference_model("llama", seed=1).to(torch.bfloat16)
+    reference.save_pretrained(tmp_path, max_shard_size="8KB")
+    assert os.path.exists(tmp_path / "model.safetensors.index.json")
+    model = from_huggingface(tmp_path)
+    expected = reference_model("llama", seed=1).to(torch.bfloat16).float()
+    ids, mask = batch(3)
+    assert_logits_equal(keras_logits(model, ids, mask), reference_logits(expected, ids, mask),
+                        mask)
+    half = from_huggingface(tmp_path, dtype="bfloat16")
+    assert half.dtype_policy.name == "bfloat16"
+    assert keras.backend.standardize_dtype(half.weights[0].dtype) == "bfloat16"
+
+
+def _rewrite(folder, change):
+    """Rewrites the folder's single safetensors file with `change(tensors)` applied."""
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    path = os.path.join(folder, "model.safetensors")
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path)
+
+
+@pytest.fixture
+def gpt2_folder(tmp_path):
+    folder = tmp_path / "gpt2"
+    reference_model("gpt2").save_pretrained(folder)
+    return folder
+
+
+def test_missing_unused_and_misshapen_tensors_are_named(gpt2_folder, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(gpt2_folder, broken)
+    _rewrite(broken, lambda t: t.pop("transformer.h.1.mlp.c_fc.bias"))
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel .* lacks tensor "
+                                         r"'transformer\.h\.1\.mlp\.c_fc\.bias'"):
+        from_huggingface(broken)
+    shutil.rmtree(broken)
+    shutil.copytree(gpt2_folder, broken)
+    _rewrite(broken, lambda t: t.update(extra=np.zeros(3, "float32")))
+    with pytest.raises(ValueError, match=r"tensors that no variable takes: \['extra'\]"):
+        from_huggingface(broken)
+    shutil.rmtree(broken)
+    shutil.copytree(gpt2_folder, broken)
+    _rewrite(broken, lambda t: t.update(
+        {"transformer.ln_f.weight": np.ones(17, "float32")}))
+    with pytest.raises(ValueError, match=r"transformer\.ln_f\.weight.*\(17,\).*output_norm"):
+        from_huggingface(broken)
+
+
+def test_other_architectures_and_folders_are_refused(gpt2_folder, tmp_path):
+    with pytest.raises(ValueError, match="config.json"):
+        from_huggingface(tmp_path / "nowhere")
+    other = tmp_path / "other"
+    shutil.copytree(gpt2_folder, other)
+    config = json.loads((other / "config.json").read_text())
+    config["architectures"] = ["BertForMaskedLM"]
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"\['BertForMaskedLM'\].*Loadable architectures"):
+        from_huggingface(other)
+    os.remove(other / "model.safetensors")
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="safetensors"):
+        from_huggingface(other)
+
+
+def test_models_no_family_expresses_are_refused(tmp_path):
+    model = CausalLM(vocabulary_size=VOCAB, num_layers=1, hidden_dim=8, num_heads=2,
+                     intermediate_dim=16, position="sinusoidal")
+    with pytest.raises(ValueError, match="No checkpoint family expresses this CausalLM"):
+        to_huggingface(model, tmp_path)
+    with pytest.raises(ValueError, match="family must be one of"):
+        to_huggingface(model, tmp_path, family="bert")
