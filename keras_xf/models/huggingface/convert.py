@@ -66,7 +66,11 @@ def to_huggingface(model, directory, family=None, dtype=None):
     Returns:
         The family written.
     """
-    from safetensors.numpy import save_file
+    try:
+        from safetensors.numpy import save_file
+    except ImportError:
+        raise ImportError("Writing checkpoints needs the safetensors package: "
+                          "pip install 'keras-xf[checkpoints]'") from None
 
     names = [family] if family is not None else list(FAMILIES)
     if family is not None and family not in FAMILIES:
