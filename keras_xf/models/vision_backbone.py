@@ -39,6 +39,8 @@ class VisionBackbone(FunctionalModel):
         block: optional `TransformerBlock` template.
         positions: `"learned"` (default), `"sinusoidal_2d"` or `"none"`.
         class_token: bool, prepend a learned `[CLS]` token (output length `N + 1`).
+        class_token_position: bool, give the `[CLS]` token a learned position vector of its
+            own (`ClassToken(position=True)`), as ViT checkpoints do.
         num_key_value_heads: int for MQA / GQA in the default block.
         activation: feedforward activation of the default block (`"gelu"`).
         norm_placement: `"pre"` (default, with a final norm) or `"post"` for the default block.
@@ -66,6 +68,7 @@ class VisionBackbone(FunctionalModel):
         block=None,
         positions="learned",
         class_token=True,
+        class_token_position=False,
         num_key_value_heads=None,
         activation="gelu",
         norm_placement="pre",
@@ -92,7 +95,13 @@ class VisionBackbone(FunctionalModel):
             self.position_embedding = PatchPositionEmbedding(
                 grid, kind=positions, dtype=policy, name="position_embedding"
             )
-        self.class_token = ClassToken(dtype=policy, name="class_token") if class_token else None
+        if class_token_position and not class_token:
+            raise ValueError("class_token_position=True needs class_token=True. Received: "
+                             "class_token=False")
+        self.class_token = None
+        if class_token:
+            self.class_token = ClassToken(position=class_token_position, dtype=policy,
+                                          name="class_token")
         self.embedding_dropout = None
         if dropout > 0:
             self.embedding_dropout = keras.layers.Dropout(

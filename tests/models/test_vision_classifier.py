@@ -168,6 +168,10 @@ def test_errors(rng):
         vit(positions="rotary")
     with pytest.raises(ValueError, match="pooling='cls'.*class_token=False"):
         vit(class_token=False)
+    with pytest.raises(ValueError, match="class_token_position=True needs class_token=True"):
+        vit(class_token=False, class_token_position=True, pooling="mean")
+    with pytest.raises(ValueError, match="class_token_position"):
+        vit(class_token_position="yes")
     with pytest.raises(ValueError, match="pooling='first'"):
         vit(pooling="first")
     with pytest.raises(ValueError, match="num_classes"):

@@ -14,11 +14,14 @@ class ClassToken(keras.layers.Layer):
 
     Survey §6.4: the Vision Transformer represents the image by the encoder output at the
     first position; with a `[CLS]` token that position holds no patch, only a learned vector
-    that gathers the patches through attention. The token carries no position embedding of
-    its own (being always at position 0, its learned value is its position).
+    that gathers the patches through attention. Being always at position 0, its learned value
+    can be its position; with `position=True` the token gets a position embedding `p_cls` of
+    its own, `x_cls + p_cls` (the layout of ViT checkpoints, whose position table has a row
+    for the token).
 
     Args:
         initializer: initializer for the token (zeros, as in the original ViT).
+        position: bool, add a learned position vector `p_cls` (initialised like the token).
         **kwargs: base `Layer` arguments.
 
     Call arguments:
@@ -35,9 +38,12 @@ class ClassToken(keras.layers.Layer):
     >>> ClassToken()(patches).shape  # (2, 17, 32)
     """
 
-    def __init__(self, initializer="zeros", **kwargs):
+    def __init__(self, initializer="zeros", position=False, **kwargs):
         super().__init__(**kwargs)
         self.initializer = get_initializer("initializer", initializer)
+        if not isinstance(position, bool):
+            raise ValueError(f"position must be a bool. Received: position={position!r}")
+        self.position = position
 
     def build(self, inputs_shape, padding_mask_shape=None):
         if len(inputs_shape) != 3 or inputs_shape[-1] is None:
@@ -48,12 +54,20 @@ class ClassToken(keras.layers.Layer):
         self.token = self.add_weight(
             name="token", shape=(1, 1, inputs_shape[-1]), initializer=self.initializer
         )
+        self.position_embedding = None
+        if self.position:
+            self.position_embedding = self.add_weight(
+                name="position", shape=(1, 1, inputs_shape[-1]),
+                initializer=self.initializer.__class__.from_config(self.initializer.get_config()),
+            )
 
     def call(self, inputs, padding_mask=None):
         check_sequence_width(inputs, self.token.shape[-1])
         check_padding_mask(padding_mask, inputs)
         shape = ops.shape(inputs)
         token = ops.cast(self.token, self.compute_dtype)
+        if self.position_embedding is not None:
+            token = token + ops.cast(self.position_embedding, self.compute_dtype)
         token = ops.broadcast_to(token, (shape[0], 1, shape[2]))
         outputs = ops.concatenate([token, ops.cast(inputs, self.compute_dtype)], axis=1)
         if padding_mask is None:
@@ -80,5 +94,6 @@ class ClassToken(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"initializer": keras.initializers.serialize(self.initializer)})
+        config.update({"initializer": keras.initializers.serialize(self.initializer),
+                       "position": self.position})
         return config

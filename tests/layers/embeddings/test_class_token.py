@@ -33,6 +33,20 @@ def test_prepends_one_learned_vector(rng):
     assert clone.name == "cls"
 
 
+def test_a_position_of_its_own_is_added_to_the_token(rng):
+    layer = ClassToken(initializer="random_normal", position=True)
+    x = tokens(rng)
+    outputs = to_numpy(layer(x))
+    assert count_params(layer) == 2 * DIM
+    expected = to_numpy(layer.token)[0, 0] + to_numpy(layer.position_embedding)[0, 0]
+    np.testing.assert_allclose(outputs[:, 0], np.broadcast_to(expected, (2, DIM)), rtol=1e-6)
+    assert not np.allclose(to_numpy(layer.token), to_numpy(layer.position_embedding))
+    assert check_config_round_trip(layer).position
+    model = wrap_in_model(layer, [x])
+    check_fit_step(model, [x])
+    raises_naming("position", lambda: ClassToken(position="yes"))
+
+
 def test_extends_the_padding_mask(rng):
     layer = ClassToken()
     mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
