@@ -8,13 +8,19 @@ from keras_xf.models.huggingface import llama
 from keras_xf.models.huggingface import vit
 from keras_xf.models.huggingface.safetensors_folder import SafetensorsFolder
 
-# Each family: its architecture names, `build(config, dtype)`, `tensor_map(model, config)`
-# and `hf_config(model)`.
+# Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
+# `model_type` to one), `build(config, dtype)`, `tensor_map(model, config)` and
+# `hf_config(model)`.
 FAMILIES = {"gpt2": gpt2, "llama": llama, "vit": vit}
 
 
 def _family_of(config, directory):
+    """The family module and the architecture name of a checkpoint's config (its
+    `architectures`, or its `model_type` when a writer left the architectures out)."""
     architectures = config.get("architectures") or []
+    if not architectures:
+        kind = config.get("model_type")
+        architectures = [f.MODEL_TYPES[kind] for f in FAMILIES.values() if kind in f.MODEL_TYPES]
     for family in FAMILIES.values():
         if any(a in family.ARCHITECTURES for a in architectures):
             return family, next(a for a in architectures if a in family.ARCHITECTURES)

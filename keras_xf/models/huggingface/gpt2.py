@@ -18,6 +18,7 @@ from keras_xf.models.huggingface.tensor_map import split
 from keras_xf.models.huggingface.tensor_map import transposed
 
 ARCHITECTURES = ("GPT2LMHeadModel",)
+MODEL_TYPES = {"gpt2": "GPT2LMHeadModel"}
 
 
 def _check(config):

@@ -18,6 +18,7 @@ from keras_xf.models.huggingface.tensor_map import copy
 from keras_xf.models.vision_classifier import VisionClassifier
 
 ARCHITECTURES = ("ViTForImageClassification",)
+MODEL_TYPES = {"vit": "ViTForImageClassification"}
 
 
 def build(config, dtype=None):
