@@ -16,3 +16,4 @@ from keras_xf.models.vision_language_lm import VisionLanguageLM
 from keras_xf.models.huggingface import from_huggingface
 from keras_xf.models.huggingface import to_huggingface
 from keras_xf.models.huggingface import from_keras_hub
+from keras_xf.models.huggingface import HuggingFaceTokenizer
