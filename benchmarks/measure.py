@@ -1,5 +1,6 @@
 """Timing, memory and peak-FLOP/s helpers shared by the benchmark cases."""
 
+import os
 import resource
 import statistics
 import time
@@ -97,3 +98,18 @@ def peak_matmul_flops(size=2048, repeats=5):
     b = keras.ops.convert_to_tensor(rng.standard_normal((size, size)).astype("float32"))
     seconds = median_seconds(lambda: keras.ops.matmul(a, b), warmup=2, repeats=repeats)
     return 2 * size**3 / seconds
+
+
+def cpu_name():
+    """The CPU's model name and vector extensions (AVX2, AVX-512), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return "unknown CPU"
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    vectors = [name for flag, name in (("avx2", "AVX2"), ("avx512f", "AVX-512"),
+                                       ("avx512_bf16", "AVX512-BF16")) if flag in flags]
+    return f"{fields.get('model name', 'unknown CPU')}, {os.cpu_count()} cores, " + "/".join(vectors)

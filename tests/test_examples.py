@@ -37,6 +37,12 @@ TINY_RUNS = {
         ["validation perplexity", "sample:", "saved", "exported"],
     ),
     "export_savedmodel.py": (["--steps", "2", "--output", "{tmp}"], ["outputs match"]),
+    "checkpoint_finetune.py": (
+        ["--steps", "2", "--sequence-length", "16", "--batch-size", "2", "--window", "4",
+         "--output", "{tmp}"],
+        ["Loaded", "Fine-tuned 2 steps", "Generated:", "Wrote a MistralForCausalLM",
+         "loads it as MistralForCausalLM"],
+    ),
     "vit_digits.py": (
         ["--epochs", "1", "--steps", "2", "--batch-size", "16", "--num-layers", "1",
          "--hidden-dim", "16", "--num-heads", "2", "--intermediate-dim", "32", "--verbose", "0"],

@@ -73,7 +73,7 @@ def to_huggingface(model, directory, family=None, dtype=None):
             variables' own dtype when `None` (bfloat16 variables are written as float32).
 
     Returns:
-        The family written.
+        The architecture written (`"MistralForCausalLM"`, ...), as its config names it.
     """
     try:
         from safetensors.numpy import save_file
@@ -94,11 +94,11 @@ def to_huggingface(model, directory, family=None, dtype=None):
         tensors = FAMILIES[name].tensor_map(model, config).tensors(dtype)
         tensors = {k: v.astype("float32") if v.dtype.name == "bfloat16" else v
                    for k, v in tensors.items()}
-        config["torch_dtype"] = str(next(iter(tensors.values())).dtype)
+        config["dtype"] = str(next(iter(tensors.values())).dtype)
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "config.json"), "w") as file:
             json.dump(config, file, indent=2)
         save_file(tensors, os.path.join(directory, "model.safetensors"),
                   metadata={"format": "pt"})
-        return name
+        return config["architectures"][0]
     raise ValueError(f"No checkpoint family expresses this {type(model).__name__}: {reasons}")

@@ -48,7 +48,7 @@ def test_logits_equal_transformers(checkpoint):
 
 def test_written_checkpoint_loads_in_transformers(checkpoint, tmp_path):
     folder, reference = checkpoint
-    assert to_huggingface(from_huggingface(folder), tmp_path) == "vit"
+    assert to_huggingface(from_huggingface(folder), tmp_path) == "ViTForImageClassification"
     reloaded = transformers.ViTForImageClassification.from_pretrained(tmp_path).eval()
     x = images(1)
     np.testing.assert_allclose(reference_logits(reloaded, x), reference_logits(reference, x),

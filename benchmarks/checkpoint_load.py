@@ -1,0 +1,122 @@
+"""Loading a checkpoint of real size: peak memory and time of `from_huggingface`, beside
+`transformers`' own load of the same folder. A benchmark, never a test.
+
+    python -m benchmarks.checkpoint_load [--folder DIR] [--backends tensorflow,jax,torch]
+
+writes (once) a Llama-shaped checkpoint of about 1.1 GB with random float32 weights into
+`--folder`, then loads it in a fresh process per backend and once with `transformers`, and
+prints, per run: the load time, the resident memory the load added at its peak, the model's
+own weights, and the margin that the loader may use: 30% of the checkpoint's size. Results
+go to `benchmarks/results/checkpoint_load.json`.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks import measure
+from benchmarks.run import ROOT
+
+# About 272 M parameters: 1.09 GB in float32.
+CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,
+              num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
+              tie_word_embeddings=False)
+
+
+def _current_rss_mb():
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _checkpoint_mb(folder):
+    return sum(p.stat().st_size for p in pathlib.Path(folder).glob("*.safetensors")) / 2**20
+
+
+def write(folder):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+    model.save_pretrained(folder, max_shard_size="400MB")
+
+
+def load_keras_xf(folder):
+    import keras
+    import numpy as np
+
+    from keras_xf.models import from_huggingface
+
+    before = _current_rss_mb()
+    start = time.perf_counter()
+    model = from_huggingface(folder)
+    seconds = time.perf_counter() - start
+    weights = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                  for v in model.weights) / 2**20
+    return {"library": f"keras_xf ({keras.config.backend()})", "seconds": seconds,
+            "added_peak_mb": measure.peak_rss_mb() - before, "weights_mb": weights}
+
+
+def load_transformers(folder):
+    import torch
+    import transformers
+
+    before = _current_rss_mb()
+    start = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    seconds = time.perf_counter() - start
+    weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    return {"library": "transformers (torch)", "seconds": seconds,
+            "added_peak_mb": measure.peak_rss_mb() - before, "weights_mb": weights}
+
+
+def _run(kind, folder, backend="torch"):
+    environment = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    process = subprocess.run(
+        [sys.executable, "-m", "benchmarks.checkpoint_load", "--run", kind, "--folder", folder],
+        capture_output=True, text=True, env=environment, cwd=ROOT,
+    )
+    lines = [l for l in process.stdout.splitlines() if l.startswith("BENCHMARK_RESULT ")]
+    if process.returncode or not lines:
+        sys.stderr.write(process.stdout[-2000:] + process.stderr[-4000:])
+        raise SystemExit(f"{kind} on {backend} failed")
+    return json.loads(lines[-1][len("BENCHMARK_RESULT "):])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", default=os.path.join(tempfile.gettempdir(),
+                                                         "keras_xf_llama_1gb"))
+    parser.add_argument("--backends", default="tensorflow,jax,torch")
+    parser.add_argument("--run", choices=["keras_xf", "transformers"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        load = load_keras_xf if args.run == "keras_xf" else load_transformers
+        print("BENCHMARK_RESULT " + json.dumps(load(args.folder)), flush=True)
+        return
+    if not os.path.exists(os.path.join(args.folder, "config.json")):
+        write(args.folder)
+    size = _checkpoint_mb(args.folder)
+    results = [_run("transformers", args.folder)]
+    results += [_run("keras_xf", args.folder, b) for b in args.backends.split(",")]
+    reference = results[0]["seconds"]
+    print(f"checkpoint {size:.0f} MB; allowed added peak = weights + {0.3 * size:.0f} MB; "
+          f"on {measure.cpu_name()}")
+    for r in results:
+        r["checkpoint_mb"] = size
+        r["within_limit"] = r["added_peak_mb"] <= r["weights_mb"] + 0.3 * size
+        r["time_vs_transformers"] = r["seconds"] / reference
+        print(f"  {r['library']:<26} {r['seconds']:6.1f} s ({r['time_vs_transformers']:.2f}x)  "
+              f"added peak {r['added_peak_mb']:7.0f} MB  weights {r['weights_mb']:6.0f} MB  "
+              f"{'within' if r['within_limit'] else 'OVER'} the limit")
+    out = ROOT / "benchmarks" / "results" / "checkpoint_load.json"
+    out.write_text(json.dumps({"config": CONFIG, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
