@@ -1,17 +1,21 @@
 """Fresh copies of layers from their configs (used by stacks, blocks and model builders)."""
 
-import copy
-
 import keras
 
 
 def _strip_shared_ids(config):
-    """Drops Keras's `shared_object_id` markers, so that deserialising makes new objects
-    instead of reusing ones seen before in the same saving or loading scope."""
+    """A plain copy of a serialised config (dicts, lists and tuples rebuilt, leaves kept)
+    without Keras's `shared_object_id` markers, so that deserialising makes new objects
+    instead of reusing ones seen before in the same saving or loading scope.
+
+    Not `copy.deepcopy`: a config kept as a layer attribute is a Keras tracked container
+    whose tracker refers to the layer's sub-layers, and deep-copying it would pickle them."""
     if isinstance(config, dict):
         return {k: _strip_shared_ids(v) for k, v in config.items() if k != "shared_object_id"}
     if isinstance(config, list):
         return [_strip_shared_ids(v) for v in config]
+    if isinstance(config, tuple):
+        return tuple(_strip_shared_ids(v) for v in config)
     return config
 
 
@@ -19,7 +23,7 @@ def serialize_layer(layer):
     """A serialised config of `layer` (a layer or an already serialised dict), as a copy."""
     if isinstance(layer, keras.layers.Layer):
         layer = keras.saving.serialize_keras_object(layer)
-    return _strip_shared_ids(copy.deepcopy(layer))
+    return _strip_shared_ids(layer)
 
 
 def clone_layer(layer, **config_overrides):
