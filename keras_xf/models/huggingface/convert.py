@@ -3,13 +3,15 @@
 import json
 import os
 
+from keras_xf.models.huggingface import gemma
 from keras_xf.models.huggingface import gpt2
 from keras_xf.models.huggingface import llama
+from keras_xf.models.huggingface import mixtral
 from keras_xf.models.huggingface.safetensors_folder import SafetensorsFolder
 
 # Each family: its architecture names, `build(config, dtype)`, `tensor_map(model, config)`
 # and `hf_config(model)`.
-FAMILIES = {"gpt2": gpt2, "llama": llama}
+FAMILIES = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "mixtral": mixtral}
 
 
 def _family_of(config, directory):
@@ -35,7 +37,8 @@ def from_huggingface(directory, dtype=None):
             the Keras default when `None`. Tensors are cast to it as they are loaded.
 
     Returns:
-        A `CausalLM` (GPT-2, Llama), built from the model classes.
+        A `CausalLM` (GPT-2, Llama, Mistral, Qwen2, Gemma, Mixtral), built from the model
+        classes.
 
     Raises:
         ValueError: a folder of another architecture, or a tensor that is missing, left
@@ -59,7 +62,8 @@ def to_huggingface(model, directory, family=None, dtype=None):
     Args:
         model: a keras_xf task model that one of the families expresses.
         directory: the folder to write (created if needed).
-        family: `"gpt2"` or `"llama"`; by default the first family that expresses `model`.
+        family: one of `FAMILIES` (`"gpt2"`, `"llama"`, `"gemma"`, `"mixtral"`); by default
+            the first family that expresses `model`.
         dtype: NumPy dtype name of the written tensors (`"float32"`, `"float16"`); the
             variables' own dtype when `None` (bfloat16 variables are written as float32).
 
