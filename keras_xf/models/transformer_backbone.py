@@ -38,7 +38,8 @@ class TransformerBackbone(FunctionalModel):
         num_key_value_heads: int for MQA / GQA in the default block.
         activation: feedforward activation of the default block.
         norm_placement: `"post"` or `"pre"` for the default block.
-        normalization: `"layer_norm"` or `"rms_norm"` for the default block.
+        normalization: `"layer_norm"`, `"rms_norm"` or `"offset_rms_norm"` for the default
+            block.
         dropout: float, dropout of embeddings and default block.
         tie_embeddings: bool, the token embedding also serves as output projection.
         embedding_scale: bool, scale token embeddings by `√d`.

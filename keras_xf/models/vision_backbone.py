@@ -44,7 +44,8 @@ class VisionBackbone(FunctionalModel):
         num_key_value_heads: int for MQA / GQA in the default block.
         activation: feedforward activation of the default block (`"gelu"`).
         norm_placement: `"pre"` (default, with a final norm) or `"post"` for the default block.
-        normalization: `"layer_norm"` or `"rms_norm"` for the default block.
+        normalization: `"layer_norm"`, `"rms_norm"` or `"offset_rms_norm"` for the default
+            block.
         dropout: float, dropout of the embeddings and of the default block.
         dtype: a dtype policy name or object.
 

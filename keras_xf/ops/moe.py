@@ -38,6 +38,12 @@ def _positions(expert_index, valid, num_experts):
     return positions, ops.sum(one_hot, axis=0)
 
 
+def expert_counts(expert_index, valid, num_experts):
+    """`[M]`: the number of `valid` assignments (bool `[N, k]`) routed to each expert."""
+    one_hot = ops.one_hot(ops.reshape(expert_index, (-1,)), num_experts, dtype="int32")
+    return ops.sum(one_hot * ops.reshape(ops.cast(valid, "int32"), (-1, 1)), axis=0)
+
+
 def capacity_slots(expert_index, valid, num_experts, capacity):
     """Slots of a fixed-capacity dispatch: expert `e` owns rows `[e·C, (e+1)·C)`.
 

@@ -11,7 +11,7 @@ from math import erf
 
 import numpy as np
 
-GATED = {"swiglu": "silu", "geglu": "gelu"}
+GATED = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
 
 
 def softmax(x):

@@ -44,7 +44,7 @@ class PerceiverResampler(keras.layers.Layer):
         attend_to_latents: bool, keys and values are `[inputs; latents]` (Flamingo) instead of
             the inputs alone (Perceiver, survey §5.7).
         activation: feedforward activation (see `FeedForward`), default `"gelu"`.
-        normalization: `"layer_norm"` or `"rms_norm"` (float32).
+        normalization: `"layer_norm"`, `"rms_norm"` or `"offset_rms_norm"` (float32).
         dropout: float in [0, 1), on attention weights, feedforward hidden units and residual
             branches.
         epsilon: float, the normalisation epsilon.

@@ -30,7 +30,7 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         feedforward: a `FeedForwardLayer` (`FeedForward`, `MixtureOfExperts`, …), or its config.
         cross_attention: optional `SequenceMixer` (a `MultiHeadAttention`) attending to
             `encoder_outputs`.
-        normalization: `"layer_norm"` or `"rms_norm"`.
+        normalization: `"layer_norm"`, `"rms_norm"` or `"offset_rms_norm"` (see `Residual`).
         norm_placement: `"post"` (survey default) or `"pre"`.
         dropout: residual dropout rate.
         epsilon: normalisation epsilon.

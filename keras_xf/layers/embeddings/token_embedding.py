@@ -26,7 +26,8 @@ class TokenEmbedding(keras.layers.Layer):
         vocabulary_size: int, number of tokens.
         embedding_dim: int, width `d`.
         tie_weights: bool, reuse the embedding matrix for the reverse projection.
-        scale: bool, multiply embeddings by `√d` as in the original Transformer.
+        scale: bool, multiply embeddings by `√d` as in the original Transformer (and Gemma);
+            `√d` is cast to the compute dtype first.
         embeddings_initializer: initializer for the matrix.
         **kwargs: base `Layer` arguments (`name`, `dtype`, …).
 

@@ -8,8 +8,20 @@ from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
-_GATED = {"swiglu": "silu", "geglu": "gelu"}
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
+# The gated activations and the function applied to their gate projection.
+GATED = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
+
+
+def apply_activation(activation, inputs):
+    """The elementwise function of `activation` (of its gate for a gated one): ReLU, exact
+    GELU `x Φ(x)`, its tanh approximation `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`, SiLU."""
+    name = GATED.get(activation, activation)
+    if name == "gelu_tanh":
+        return keras.activations.gelu(inputs, approximate=True)
+    if name == "gelu":
+        return keras.activations.gelu(inputs, approximate=False)
+    return getattr(keras.activations, name)(inputs)
 
 
 def _clone_initializer(initializer):
@@ -20,14 +32,16 @@ def _clone_initializer(initializer):
 class FeedForward(FeedForwardLayer):
     """`FFN(H) = σ(H W_h + b_h) W_f + b_f` (survey §2.5), or its gated form.
 
-    With `activation="swiglu"` / `"geglu"` the hidden layer is the gated linear unit
-    `σ(H W_g + b_g) ⊙ (H W_h + b_h)` with `σ` = SiLU / GELU, which adds a third matrix.
+    With `activation="swiglu"`, `"geglu"` or `"geglu_tanh"` the hidden layer is the gated
+    linear unit `σ(H W_g + b_g) ⊙ (H W_h + b_h)` with `σ` = SiLU, exact GELU or the tanh
+    approximation of GELU, which adds a third matrix.
 
     Args:
         hidden_dim: int, `d_ffn` (commonly `4d`).
         activation: one of `"relu"` (default, as in the survey), `"gelu"` (exact, with erf,
             as BERT and ViT), `"gelu_tanh"` (the tanh approximation of GPT-2), `"silu"`,
-            `"swiglu"`, `"geglu"`.
+            `"swiglu"` (SiLU gate: Llama, Mistral), `"geglu"` (exact GELU gate) or
+            `"geglu_tanh"` (tanh-approximated GELU gate: T5 1.1, Gemma).
         use_bias: bool, biases in the projections.
         dropout: float in [0, 1), dropout on the hidden layer.
         output_dim: int, output width; defaults to the input width.
@@ -96,7 +110,7 @@ class FeedForward(FeedForwardLayer):
         self.hidden_dense = self._dense(self.hidden_dim, "hidden")
         self.hidden_dense.build(inputs_shape)
         self.gate_dense = None
-        if self.activation in _GATED:
+        if self.activation in GATED:
             self.gate_dense = self._dense(self.hidden_dim, "gate")
             self.gate_dense.build(inputs_shape)
         self.output_dense = self._dense(self.output_dim or width, "output")
@@ -106,12 +120,9 @@ class FeedForward(FeedForwardLayer):
         check_width(inputs, self.hidden_dense.kernel.shape[0])
         hidden = self.hidden_dense(inputs)
         if self.gate_dense is not None:
-            gate = getattr(keras.activations, _GATED[self.activation])(self.gate_dense(inputs))
-            hidden = gate * hidden
-        elif self.activation == "gelu_tanh":
-            hidden = keras.activations.gelu(hidden, approximate=True)
+            hidden = apply_activation(self.activation, self.gate_dense(inputs)) * hidden
         else:
-            hidden = getattr(keras.activations, self.activation)(hidden)
+            hidden = apply_activation(self.activation, hidden)
         hidden = self.dropout_layer(hidden, training=training)
         return self.output_dense(hidden)
 

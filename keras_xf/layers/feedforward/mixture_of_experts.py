@@ -6,7 +6,9 @@ import keras
 from keras import ops
 
 from keras_xf.layers.feedforward.feed_forward import ACTIVATIONS
+from keras_xf.layers.feedforward.feed_forward import GATED
 from keras_xf.layers.feedforward.feed_forward import FeedForward
+from keras_xf.layers.feedforward.feed_forward import apply_activation
 from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.feedforward.moe_statistics import RouterStatistics
 from keras_xf.layers.feedforward.router import Router
@@ -19,15 +21,6 @@ from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_token_mask
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
-
-_GATED = {"swiglu": "silu", "geglu": "gelu"}
-
-
-def _activation(activation, hidden):
-    if activation == "gelu_tanh":
-        return keras.activations.gelu(hidden, approximate=True)
-    return getattr(keras.activations, _GATED.get(activation, activation))(hidden)
-
 
 def _stacked_initializer(initializer, num_experts, slices):
     """Initialises `[M, a, b]` as `M` independent `[a, b]` matrices (fans of one expert), or,
@@ -62,7 +55,10 @@ class MixtureOfExperts(FeedForwardLayer):
     dropped and contribute zero, so the residual connection carries those tokens. With
     `capacity_factor=None` (dropless) each expert's rows are padded to whole blocks of
     `block_size` rows and every assignment is computed; the experts' weights are gathered
-    per block. Padding tokens (`padding_mask`) take no rows.
+    per block. Padding tokens (`padding_mask`) take no rows and give zeros, unless
+    `route_padding=True`: then they are routed and computed like every other token (as
+    Mixtral and most checkpoint families do, so that padded positions carry the same values),
+    taking expert rows (and capacity) but still left out of the losses and statistics.
 
     Each expert is a feedforward `σ(h W_h^i + b_h^i) W_f^i + b_f^i` with any `FeedForward`
     activation (GLU variants add `W_g^i`). `slices=True` gives the slice form of §4.4: one
@@ -91,6 +87,8 @@ class MixtureOfExperts(FeedForwardLayer):
         load_balance_weight, z_loss_weight: floats >= 0, weights of the auxiliary losses.
         router_order, normalize_top_k, noise_std, router_bias: `Router` options.
         block_size: int, rows per block in dropless mode.
+        route_padding: bool, route padding tokens to their experts like real tokens
+            (`False`: they take no rows and give zeros).
         use_bias: bool, biases in the experts.
         dropout: float in [0, 1), dropout on the experts' hidden layer.
         kernel_initializer, bias_initializer: initializers.
@@ -100,7 +98,8 @@ class MixtureOfExperts(FeedForwardLayer):
     Call arguments:
         inputs: `[B, T, d]` (or any `[..., d]`).
         padding_mask: optional boolean `[B, T]`; padding tokens take no expert rows and
-            give zeros (plus the shared experts' output).
+            give zeros (plus the shared experts' output), or with `route_padding=True` are
+            computed as real tokens; either way they stay out of the losses and statistics.
         training: bool.
 
     Returns:
@@ -127,6 +126,7 @@ class MixtureOfExperts(FeedForwardLayer):
         noise_std=0.0,
         router_bias=False,
         block_size=128,
+        route_padding=False,
         use_bias=True,
         dropout=0.0,
         kernel_initializer="glorot_uniform",
@@ -153,6 +153,9 @@ class MixtureOfExperts(FeedForwardLayer):
                             ("z_loss_weight", z_loss_weight)):
             check_positive_number(name, value, allow_zero=True)
         check_positive_int("block_size", block_size)
+        if not isinstance(route_padding, bool):
+            raise ValueError(
+                f"route_padding must be a bool. Received: route_padding={route_padding!r}")
         check_rate("dropout", dropout)
         self.num_experts = num_experts
         self.intermediate_dim = intermediate_dim
@@ -168,6 +171,7 @@ class MixtureOfExperts(FeedForwardLayer):
         self.noise_std = float(noise_std)
         self.router_bias = router_bias
         self.block_size = block_size
+        self.route_padding = route_padding
         self.use_bias = use_bias
         self.dropout = dropout
         self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
@@ -213,7 +217,7 @@ class MixtureOfExperts(FeedForwardLayer):
         self.expert_kernel_in = self._expert_weight("expert_kernel_in", (width, f),
                                                     kernel("columns"))
         self.expert_kernel_gate = None
-        if self.activation in _GATED:
+        if self.activation in GATED:
             self.expert_kernel_gate = self._expert_weight("expert_kernel_gate", (width, f),
                                                           kernel("columns"))
         self.expert_kernel_out = self._expert_weight("expert_kernel_out", (f, width),
@@ -249,9 +253,9 @@ class MixtureOfExperts(FeedForwardLayer):
             gate = grouped_matmul(rows, weight(self.expert_kernel_gate))
             if self.expert_bias_gate is not None:
                 gate = gate + weight(self.expert_bias_gate)[:, None, :]
-            hidden = _activation(self.activation, gate) * hidden
+            hidden = apply_activation(self.activation, gate) * hidden
         else:
-            hidden = _activation(self.activation, hidden)
+            hidden = apply_activation(self.activation, hidden)
         hidden = self.dropout_layer(hidden, training=training)
         outputs = grouped_matmul(hidden, weight(self.expert_kernel_out))
         if self.expert_bias_out is not None:
@@ -270,10 +274,12 @@ class MixtureOfExperts(FeedForwardLayer):
             valid = ops.reshape(ops.cast(padding_mask, "bool"), (-1,))
         expert_index, gates, probabilities, logits = self.router(tokens, training=training)
         valid_k = ops.broadcast_to(valid[:, None], ops.shape(expert_index))
+        # The assignments that take expert rows: the valid ones, or all with route_padding.
+        routed_k = ops.ones_like(valid_k) if self.route_padding else valid_k
         m = self.num_experts
         if self.capacity_factor is not None:
             capacity = dispatch.expert_capacity(num_tokens, m, self.top_k, self.capacity_factor)
-            slots, kept, counts = dispatch.capacity_slots(expert_index, valid_k, m, capacity)
+            slots, kept, counts = dispatch.capacity_slots(expert_index, routed_k, m, capacity)
             rows, _ = dispatch.gather_rows(tokens, slots, m * capacity)
             outputs = self._experts(ops.reshape(rows, (m, capacity, width)), training=training)
             outputs = ops.reshape(outputs, (m * capacity, width))
@@ -285,8 +291,8 @@ class MixtureOfExperts(FeedForwardLayer):
             else:
                 num_blocks = (self.top_k * num_tokens + m * (block - 1) + block - 1) // block
             slots, block_expert, counts = dispatch.dropless_slots(
-                expert_index, valid_k, m, block, num_blocks)
-            kept = dispatch.choice_major(valid_k)
+                expert_index, routed_k, m, block, num_blocks)
+            kept = dispatch.choice_major(routed_k)
             rows, _ = dispatch.gather_rows(tokens, slots, num_blocks * block)
             outputs = self._experts(ops.reshape(rows, (num_blocks, block, width)),
                                     block_expert, training=training)
@@ -297,6 +303,9 @@ class MixtureOfExperts(FeedForwardLayer):
         if self.shared_experts is not None:
             outputs = outputs + self.shared_experts(tokens, training=training)
         outputs = ops.reshape(outputs, tuple(lead) + (width,))
+        if self.route_padding:  # the losses and statistics count real tokens only
+            kept = ops.logical_and(kept, dispatch.choice_major(valid_k))
+            counts = dispatch.expert_counts(expert_index, valid_k, m)
         self._add_router_losses(probabilities, logits, counts, valid)
         self.statistics.record(counts, kept, valid_k)
         return outputs
@@ -337,6 +346,7 @@ class MixtureOfExperts(FeedForwardLayer):
                 "noise_std": self.noise_std,
                 "router_bias": self.router_bias,
                 "block_size": self.block_size,
+                "route_padding": self.route_padding,
                 "use_bias": self.use_bias,
                 "dropout": self.dropout,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),

@@ -8,18 +8,23 @@ from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.cloning import as_layer
+from keras_xf.layers.normalization.offset_rms_normalization import OffsetRMSNormalization
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import check_rate
 
 NORM_PLACEMENTS = ("post", "pre")
-NORMALIZATIONS = ("layer_norm", "rms_norm")
+# "offset_rms_norm": RMSNorm with its scale stored as `1 + w` (`OffsetRMSNormalization`).
+NORMALIZATIONS = ("layer_norm", "rms_norm", "offset_rms_norm")
 
 
 def make_normalization(normalization, epsilon, dtype, name):
-    """A Keras core `LayerNormalization` or `RMSNormalization` layer."""
+    """A Keras core `LayerNormalization` or `RMSNormalization` layer, or keras_xf's
+    `OffsetRMSNormalization`."""
     if normalization == "layer_norm":
         return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
+    if normalization == "offset_rms_norm":
+        return OffsetRMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
     return keras.layers.RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
 
 
@@ -52,7 +57,9 @@ class Residual(PassesMixerArguments, keras.layers.Layer):
     Args:
         layer: the sub-layer `F` (width-preserving), or its serialised config.
         norm_placement: `"post"` (survey default) or `"pre"`.
-        normalization: `"layer_norm"` or `"rms_norm"` (Keras core layers; computed in float32).
+        normalization: `"layer_norm"`, `"rms_norm"` (Keras core layers) or
+            `"offset_rms_norm"` (RMSNorm with scale `1 + w`, `OffsetRMSNormalization`); all
+            computed in float32.
         dropout: float in [0, 1), residual dropout.
         epsilon: float, the normalisation epsilon.
         **kwargs: base `Layer` arguments.

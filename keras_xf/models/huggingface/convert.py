@@ -3,15 +3,17 @@
 import json
 import os
 
+from keras_xf.models.huggingface import gemma
 from keras_xf.models.huggingface import gpt2
 from keras_xf.models.huggingface import llama
+from keras_xf.models.huggingface import mixtral
 from keras_xf.models.huggingface import vit
 from keras_xf.models.huggingface.safetensors_folder import SafetensorsFolder
 
 # Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
 # `model_type` to one), `build(config, dtype)`, `tensor_map(model, config)` and
 # `hf_config(model)`.
-FAMILIES = {"gpt2": gpt2, "llama": llama, "vit": vit}
+FAMILIES = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "mixtral": mixtral, "vit": vit}
 
 
 def _family_of(config, directory):
@@ -43,7 +45,7 @@ def from_huggingface(directory, dtype=None):
 
     Returns:
         The task model, built from the model classes: a `CausalLM` (GPT-2; Llama, Mistral
-        and Qwen2) or a `VisionClassifier` (ViT).
+        and Qwen2; Gemma; Mixtral) or a `VisionClassifier` (ViT).
 
     Raises:
         ValueError: a folder of another architecture, or a tensor that is missing, left
@@ -67,8 +69,8 @@ def to_huggingface(model, directory, family=None, dtype=None):
     Args:
         model: a keras_xf task model that one of the families expresses.
         directory: the folder to write (created if needed).
-        family: a key of `FAMILIES` (`"gpt2"`, `"llama"`, `"vit"`, ...); by default the
-            first family that expresses `model`.
+        family: a key of `FAMILIES` (`"gpt2"`, `"llama"`, `"gemma"`, `"mixtral"`, `"vit"`);
+            by default the first family that expresses `model`.
         dtype: NumPy dtype name of the written tensors (`"float32"`, `"float16"`); the
             variables' own dtype when `None` (bfloat16 variables are written as float32).
 

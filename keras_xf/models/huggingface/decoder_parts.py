@@ -13,7 +13,7 @@ ACTIVATIONS = {
     "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
     "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu",
 }
-GATED = {"silu": "swiglu", "gelu": "geglu"}
+GATED = {"silu": "swiglu", "gelu": "geglu", "gelu_tanh": "geglu_tanh"}
 # The inverse, for writing: the name every family's loader reads back to the same function.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 

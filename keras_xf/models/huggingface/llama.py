@@ -2,7 +2,8 @@
 attention (grouped-query) and a SwiGLU feedforward.
 
 The three share one layout; Mistral adds a sliding attention window and Qwen2 biases on the
-query, key and value projections.
+query, key and value projections. Gemma and Mixtral (`gemma.py`, `mixtral.py`) reuse the
+pieces here: `rotary_attention`, `decoder_lm`, `tensor_map` and `check_decoder`.
 """
 
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
@@ -22,12 +23,13 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
 
 
 def _sliding_window(config):
-    """Mistral's window of `sliding_window` keys (the query's own included), or `None`."""
+    """Mistral's (and Mixtral's) window of `sliding_window` keys (the query's own included),
+    or `None`."""
     kind = config.get("model_type", "llama")
     if kind == "qwen2" and config.get("use_sliding_window"):
         raise ValueError("Qwen2 checkpoints with use_sliding_window=True (a window on some "
                          "layers only) are not supported.")
-    window = config.get("sliding_window") if kind == "mistral" else None
+    window = config.get("sliding_window") if kind in ("mistral", "mixtral") else None
     return None if window is None else LocalPattern(window_left=int(window) - 1)
 
 
@@ -53,19 +55,37 @@ def rope_settings(config):
     return arguments
 
 
-def build(config, dtype=None):
+def rotary_attention(config, use_bias=None, output_bias=None):
+    """The grouped-query `MultiHeadAttention` with RoPE (and Mistral's window) of `config`;
+    biases on all four projections when `attention_bias` (or `use_bias`) is set."""
     heads = config["num_attention_heads"]
-    width = config["hidden_size"]
-    head_dim = config.get("head_dim") or width // heads
-    qwen2 = config.get("model_type") == "qwen2"
-    attention = MultiHeadAttention(
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return MultiHeadAttention(
         heads, head_dim=head_dim,
         num_key_value_heads=config.get("num_key_value_heads") or heads,
-        use_bias=qwen2 or bool(config.get("attention_bias", False)),
-        output_bias=False if qwen2 else None,
+        use_bias=bool(config.get("attention_bias", False)) if use_bias is None else use_bias,
+        output_bias=output_bias,
         position=RotaryEmbedding(**rope_settings(config)),
         pattern=_sliding_window(config),
     )
+
+
+def decoder_lm(config, block, dtype=None, tie_embeddings=False, embedding_scale=False):
+    """The `CausalLM` of `config` with the pre-norm `block` template and RoPE in attention."""
+    return CausalLM(
+        vocabulary_size=config["vocab_size"], num_layers=config["num_hidden_layers"],
+        hidden_dim=config["hidden_size"], block=block, position="none",
+        max_sequence_length=config.get("max_position_embeddings", 2048),
+        tie_embeddings=bool(config.get("tie_word_embeddings", tie_embeddings)),
+        embedding_scale=embedding_scale, dtype=dtype,
+        pad_token_id=config.get("pad_token_id") or 0,
+    )
+
+
+def build(config, dtype=None):
+    qwen2 = config.get("model_type") == "qwen2"
+    attention = rotary_attention(config, use_bias=True if qwen2 else None,
+                                 output_bias=False if qwen2 else None)
     block = TransformerBlock(
         attention,
         FeedForward(config["intermediate_size"],
@@ -73,16 +93,16 @@ def build(config, dtype=None):
                     use_bias=bool(config.get("mlp_bias", False))),
         normalization="rms_norm", norm_placement="pre", epsilon=config.get("rms_norm_eps", 1e-6),
     )
-    return CausalLM(
-        vocabulary_size=config["vocab_size"], num_layers=config["num_hidden_layers"],
-        hidden_dim=width, block=block, position="none",
-        max_sequence_length=config.get("max_position_embeddings", 2048),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)), dtype=dtype,
-        pad_token_id=config.get("pad_token_id") or 0,
-    )
+    return decoder_lm(config, block, dtype)
 
 
-def tensor_map(model, config):
+def _mlp(prefix, feedforward):
+    return parts.gated_feedforward(f"{prefix}.mlp", feedforward)
+
+
+def tensor_map(model, config, feedforward=_mlp):
+    """Every tensor of a Llama-layout checkpoint; `feedforward(layer_prefix, layer)` gives
+    the entries of each layer's feedforward (`{prefix}.mlp.*` of a gated `FeedForward`)."""
     backbone = model.backbone
     stack = backbone.transformer_stack
     entries = [copy("model.embed_tokens.weight", backbone.embeddings.token_embedding.embeddings)]
@@ -92,7 +112,7 @@ def tensor_map(model, config):
                     + parts.attention(f"{prefix}.self_attn", block.mixer)
                     + parts.norm(f"{prefix}.post_attention_layernorm",
                                  block.feedforward_residual.norm)
-                    + parts.gated_feedforward(f"{prefix}.mlp", block.feedforward))
+                    + feedforward(prefix, block.feedforward))
     entries += parts.norm("model.norm", stack.output_norm)
     ignored = [r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq"]
     if backbone.tie_embeddings:
@@ -103,40 +123,59 @@ def tensor_map(model, config):
     return TensorMap(entries, ignored)
 
 
-def hf_config(model):
-    """The config of `model` as a Llama, Mistral (a sliding window) or Qwen2 (query, key and
-    value biases without an output bias), or a `ValueError` naming what none expresses."""
+def check_decoder(model, normalization="rms_norm", embedding_scale=False, pattern=True):
+    """`(backbone, block)` of a CausalLM of pre-norm `normalization` blocks of rotary
+    multi-head attention (a sliding window when `pattern`), or a `ValueError`."""
     backbone = model.backbone if isinstance(model, CausalLM) else None
     if backbone is None or backbone.position != "none":
-        raise ValueError("Llama is a CausalLM with position='none' and RoPE in its attention.")
+        raise ValueError("These families are CausalLMs with position='none' and RoPE in "
+                         "their attention.")
     stack = backbone.transformer_stack
     block = stack.blocks[0]
-    mha, ffn = block.mixer, block.feedforward
+    mha = block.mixer
     rope = mha.position if isinstance(mha, MultiHeadAttention) else None
     fits = (
         type(block) is TransformerBlock and type(rope) is RotaryEmbedding
-        and parts.is_plain_attention(mha, position=True, pattern=True)
+        and parts.is_plain_attention(mha, position=True, pattern=pattern)
         and (mha.pattern is None or (type(mha.pattern) is LocalPattern
                                      and mha.pattern.window_right == 0))
-        and type(ffn) is FeedForward
-        and ffn.activation == "swiglu" and block.norm_placement == "pre"
-        and block.normalization == "rms_norm" and block.cross_attention is None
-        and not backbone.embedding_scale and len(stack._templates()) == 1
+        and block.norm_placement == "pre" and block.normalization == normalization
+        and block.cross_attention is None and backbone.embedding_scale == embedding_scale
+        and len(stack._templates()) == 1
     )
     if not fits:
-        raise ValueError("Llama needs pre-norm RMSNorm blocks of rotary multi-head attention "
-                         "and a SwiGLU feedforward.")
-    config = {
+        raise ValueError(f"The block must be pre-norm {normalization} around rotary multi-head "
+                         f"attention{' (a sliding window at most)' if pattern else ''}, with "
+                         f"embedding_scale={embedding_scale}.")
+    return backbone, block
+
+
+def decoder_config(model, backbone, block, intermediate_size):
+    """The keys that the Llama-layout configs share."""
+    mha = block.mixer
+    return {
         "vocab_size": backbone.vocabulary_size, "hidden_size": backbone.hidden_dim,
-        "intermediate_size": ffn.hidden_dim, "num_hidden_layers": stack.num_layers,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": backbone.transformer_stack.num_layers,
         "num_attention_heads": mha.num_heads, "num_key_value_heads": mha.num_key_value_heads,
         "head_dim": mha.head_dim or backbone.hidden_dim // mha.num_heads,
-        "hidden_act": "silu", "max_position_embeddings": backbone.max_sequence_length,
+        "max_position_embeddings": backbone.max_sequence_length,
         "rms_norm_eps": block.epsilon, "attention_bias": mha.use_bias,
-        "mlp_bias": ffn.use_bias, "tie_word_embeddings": backbone.tie_embeddings,
-        "pad_token_id": model.pad_token_id,
-        "rope_parameters": _rope_parameters(rope),
+        "tie_word_embeddings": backbone.tie_embeddings, "pad_token_id": model.pad_token_id,
+        "rope_parameters": _rope_parameters(mha.position),
     }
+
+
+def hf_config(model):
+    """The config of `model` as a Llama, Mistral (a sliding window) or Qwen2 (query, key and
+    value biases without an output bias), or a `ValueError` naming what none expresses."""
+    backbone, block = check_decoder(model)
+    mha, ffn = block.mixer, block.feedforward
+    if type(ffn) is not FeedForward or ffn.activation != "swiglu":
+        raise ValueError("Llama needs pre-norm RMSNorm blocks of rotary multi-head attention "
+                         "and a SwiGLU feedforward.")
+    config = decoder_config(model, backbone, block, ffn.hidden_dim)
+    config.update(hidden_act="silu", mlp_bias=ffn.use_bias)
     if mha.pattern is not None:
         if mha.use_bias or ffn.use_bias:
             raise ValueError("Mistral (a sliding window) has no biases.")

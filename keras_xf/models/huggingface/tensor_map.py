@@ -40,6 +40,13 @@ def transposed(name, variable):
     return Entry([name], [variable], lambda a: [a[0].T], lambda a: [a[0].T])
 
 
+def stacked(names, variable):
+    """One `torch.nn.Linear` weight `[out, in]` per expert (`names[i]` for expert `i`) ↔ a
+    stacked kernel `[M, in, out]` (a `MixtureOfExperts` `expert_kernel_*`)."""
+    return Entry(names, [variable], lambda a: [np.stack([w.T for w in a])],
+                 lambda a: [w.T for w in a[0]])
+
+
 def split(name, variables, axis, to_model_each=None, to_checkpoint_each=None):
     """One fused tensor (GPT-2's `c_attn` holds q, k and v) ↔ equal parts along `axis`."""
     to_model_each = to_model_each or [lambda a: a] * len(variables)

@@ -19,7 +19,7 @@ from tests.reference import layers as ref
 from tests.layers.bad_inputs import raises_naming
 
 WIDTH, HIDDEN = 8, 16
-GATED = {"swiglu": ref.silu, "geglu": ref.gelu}
+GATED = {"swiglu": ref.silu, "geglu": ref.gelu, "geglu_tanh": ref.gelu_tanh}
 PLAIN = {"relu": ref.relu, "gelu": ref.gelu, "gelu_tanh": ref.gelu_tanh, "silu": ref.silu}
 
 
@@ -158,6 +158,22 @@ def test_matches_reference(rng, activation, use_bias):
     (x,) = make_inputs(rng)
     y = to_numpy(layer(x))
     np.testing.assert_allclose(y, reference_ffn(layer, x), atol=2e-5, rtol=1e-5)
+
+
+def test_tanh_gated_gelu_is_its_own_option(rng):
+    """`"geglu_tanh"` gates with ½x(1 + tanh(√(2/π)(x + 0.044715x³))) (T5 1.1, Gemma), not
+    with the exact GELU of `"geglu"`: the same weights give different outputs."""
+    (x,) = make_inputs(rng)
+    x = x * 3.0  # large gate values, where the two GELUs differ most
+    tanh = make_layer(activation="geglu_tanh")
+    exact = make_layer(activation="geglu")
+    tanh.build(x.shape)
+    exact.build(x.shape)
+    exact.set_weights(tanh.get_weights())
+    np.testing.assert_allclose(to_numpy(tanh(x)), reference_ffn(tanh, x), atol=2e-5, rtol=1e-5)
+    assert np.abs(to_numpy(tanh(x)) - to_numpy(exact(x))).max() > 1e-4
+    assert check_config_round_trip(tanh).activation == "geglu_tanh"
+    raises_naming("activation", lambda: make_layer(activation="geglu_erf"))
 
 
 def test_relu_is_default_and_clips_hidden_units():

@@ -115,6 +115,32 @@ def test_capacity_drops_match_reference(rng):
     np.testing.assert_allclose(again[~mask], 0.0, atol=1e-6)
 
 
+@pytest.mark.parametrize("capacity_factor", [None, 4.0])
+def test_route_padding_routes_padded_tokens_as_real_ones(rng, capacity_factor):
+    """`route_padding=True` (Mixtral's routing): padding tokens are computed like real ones
+    (each position equals the unmasked call), but the losses and statistics still count the
+    real tokens only."""
+    layer = MixtureOfExperts(M, F, top_k=2, activation="geglu_tanh",
+                             capacity_factor=capacity_factor, route_padding=True)
+    x, mask = random_normal(rng, (B, T, D)), padding_mask(LENGTHS, T)
+    layer(x)
+    _randomize(layer, rng)
+    unmasked = to_float64(layer(x))
+    layer.statistics.reset_state()
+    outputs = to_float64(layer(x, padding_mask=mask))
+    np.testing.assert_allclose(outputs, unmasked, atol=1e-6)
+    expected = _reference(layer, x)[0]
+    np.testing.assert_allclose(outputs, expected, atol=2e-5, rtol=1e-4)
+    _, _, _, (balance, z) = _reference(layer, x, mask)  # the losses of the real tokens
+    np.testing.assert_allclose([to_float64(loss) for loss in layer.losses],
+                               [0.01 * balance, 0.001 * z], rtol=1e-4)
+    assert to_float64(layer.router_total) == 2 * mask.sum()
+    assert to_float64(layer.router_assignments).sum() == 2 * mask.sum()
+    clone = checks.check_config_round_trip(layer)
+    assert clone.route_padding is True
+    raises_naming("route_padding", lambda: MixtureOfExperts(M, F, route_padding="yes"))
+
+
 def test_expert_receiving_no_tokens_is_fine(rng):
     layer = MixtureOfExperts(M, F, top_k=1, capacity_factor=1.0, router_bias=True)
     x = random_normal(rng, (B, T, D))
@@ -233,11 +259,15 @@ def test_causal_lm_trains_logs_router_metrics_and_saves(rng, tmp_path):
 
 
 def test_causal_lm_trains_dropless_sliced_under_mixed_bfloat16_and_xla(rng):
-    """Dropless dispatch, slices and a shared expert under mixed_bfloat16, compiled with
-    XLA on TensorFlow and JAX (eager on PyTorch, where Keras has no XLA)."""
+    """Dropless dispatch, slices, a shared expert and routed padding (Mixtral's) under
+    mixed_bfloat16, compiled with XLA on TensorFlow and JAX (eager on PyTorch, where Keras has
+    no XLA); the statistics count the 24 real tokens only."""
     model = _moe_lm(dtype="mixed_bfloat16", num_layers=1, capacity_factor=None,
-                    activation="geglu", slices=True, num_shared_experts=1)
+                    activation="geglu_tanh", slices=True, num_shared_experts=1,
+                    route_padding=True)
     _fit(model, rng, jit_compile=JIT)
+    moe = model.backbone.transformer_stack.blocks[0].feedforward
+    assert float(to_float64(moe.router_total)) == 24 * 2
 
 
 @pytest.mark.parametrize(
