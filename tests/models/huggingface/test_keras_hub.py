@@ -16,6 +16,8 @@ BACKBONES = {
         num_query_heads=4, num_key_value_heads=2, rope_max_wavelength=500000, **SIZES),
     "mistral": lambda: keras_hub.models.MistralBackbone(
         num_query_heads=4, num_key_value_heads=1, sliding_window=4, **SIZES),
+    "gemma": lambda: keras_hub.models.GemmaBackbone(
+        num_query_heads=4, num_key_value_heads=1, head_dim=8, **SIZES),
     "qwen": lambda: keras_hub.models.QwenBackbone(
         num_query_heads=4, num_key_value_heads=2, **SIZES),
 }
