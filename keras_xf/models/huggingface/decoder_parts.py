@@ -6,6 +6,7 @@ import keras
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.models.huggingface.tensor_map import copy
 from keras_xf.models.huggingface.tensor_map import linear
+from keras_xf.models.huggingface.tensor_map import transposed
 
 # Hugging Face `hidden_act` / `activation_function` names and the FeedForward activation
 # that computes the same function.
@@ -67,3 +68,13 @@ def is_plain_attention(mha, position=False, pattern=False):
         and (pattern or mha.pattern is None) and not mha.biases and mha.multiplier is None
         and mha.guided_heads is None and mha.qk_dim is None and mha.scale is None
     )
+
+
+def output_projection(backbone, ignored):
+    """`lm_head.weight` `[V, d]` ↔ the untied output projection `[d, V]`; with tied
+    embeddings there is nothing to load and the tensor, when a writer kept it, is added to
+    the `ignored` patterns."""
+    if backbone.tie_embeddings:
+        ignored.append(r"lm_head\.weight")
+        return []
+    return [transposed("lm_head.weight", backbone.embeddings.token_embedding.reverse_embeddings)]

@@ -15,7 +15,6 @@ from keras_xf.models.huggingface.tensor_map import Entry
 from keras_xf.models.huggingface.tensor_map import TensorMap
 from keras_xf.models.huggingface.tensor_map import copy
 from keras_xf.models.huggingface.tensor_map import split
-from keras_xf.models.huggingface.tensor_map import transposed
 
 ARCHITECTURES = ("GPT2LMHeadModel",)
 MODEL_TYPES = {"gpt2": "GPT2LMHeadModel"}
@@ -91,11 +90,7 @@ def tensor_map(model, config):
     entries += parts.norm("transformer.ln_f", stack.output_norm)
     # The causal-mask buffers of older checkpoints; the output projection tied to `wte`.
     ignored = [r"transformer\.h\.\d+\.attn\.(masked_)?bias"]
-    if backbone.tie_embeddings:
-        ignored.append(r"lm_head\.weight")
-    else:
-        entries.append(transposed("lm_head.weight",
-                                  backbone.embeddings.token_embedding.reverse_embeddings))
+    entries += parts.output_projection(backbone, ignored)
     return TensorMap(entries, ignored)
 
 

@@ -15,7 +15,6 @@ from keras_xf.models.causal_lm import CausalLM
 from keras_xf.models.huggingface import decoder_parts as parts
 from keras_xf.models.huggingface.tensor_map import TensorMap
 from keras_xf.models.huggingface.tensor_map import copy
-from keras_xf.models.huggingface.tensor_map import transposed
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -115,11 +114,7 @@ def tensor_map(model, config, feedforward=_mlp):
                     + feedforward(prefix, block.feedforward))
     entries += parts.norm("model.norm", stack.output_norm)
     ignored = [r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq"]
-    if backbone.tie_embeddings:
-        ignored.append(r"lm_head\.weight")
-    else:
-        entries.append(transposed("lm_head.weight",
-                                  backbone.embeddings.token_embedding.reverse_embeddings))
+    entries += parts.output_projection(backbone, ignored)
     return TensorMap(entries, ignored)
 
 

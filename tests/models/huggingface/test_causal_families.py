@@ -16,43 +16,18 @@ transformers = pytest.importorskip("transformers")
 from keras_xf.models import CausalLM  # noqa: E402
 from keras_xf.models import from_huggingface  # noqa: E402
 from keras_xf.models import to_huggingface  # noqa: E402
-
-VOCAB, LENGTH = 61, 12
-ROPE_LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8}
-CONFIGS = {
-    "gpt2": lambda: transformers.GPT2Config(
-        vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=4, n_positions=32, bos_token_id=1,
-        eos_token_id=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
-    "llama": lambda: transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rms_norm_eps=1e-5),
-    # Tied embeddings, Llama 3 frequency rescaling, and a head width of its own.
-    "llama3_tied": lambda: transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=12, max_position_embeddings=64,
-        rope_parameters=ROPE_LLAMA3, tie_word_embeddings=True),
-    # A window of 4 keys: the 12-token batch reaches well past it.
-    "mistral": lambda: transformers.MistralConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1, sliding_window=4,
-        max_position_embeddings=64),
-    # Biases on the query, key and value projections, none on the output.
-    "qwen2": lambda: transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
-}
+from tests.models.huggingface.hf_checks import CONFIGS  # noqa: E402
+from tests.models.huggingface.hf_checks import VOCAB  # noqa: E402
+from tests.models.huggingface.hf_checks import assert_logits_equal  # noqa: E402
+from tests.models.huggingface.hf_checks import batch  # noqa: E402
+from tests.models.huggingface.hf_checks import causal_reference  # noqa: E402
+from tests.models.huggingface.hf_checks import keras_logits  # noqa: E402
+from tests.models.huggingface.hf_checks import reference_logits  # noqa: E402
+from tests.models.huggingface.hf_checks import rewrite  # noqa: E402
 
 
-def reference_model(name, seed=0):
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[name]())
-    with torch.no_grad():  # no zero bias, no unit norm scale
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    return model.eval()
+
+reference_model = causal_reference
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -62,32 +37,6 @@ def checkpoint(request, tmp_path_factory):
     model = reference_model(request.param)
     model.save_pretrained(folder)
     return request.param, folder, model
-
-
-def batch(seed=0):
-    """Token ids `[2, LENGTH]`; the second row is right-padded after 7 tokens."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(3, VOCAB, size=(2, LENGTH)).astype("int32")
-    mask = np.ones((2, LENGTH), "int32")
-    mask[1, 7:] = 0
-    ids[1, 7:] = 0
-    return ids, mask
-
-
-def reference_logits(model, ids, mask):
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                    attention_mask=torch.tensor(mask, dtype=torch.long))
-    return out.logits.float().numpy()
-
-
-def keras_logits(model, ids, mask):
-    return keras.ops.convert_to_numpy(model({"token_ids": ids, "padding_mask": mask}))
-
-
-def assert_logits_equal(actual, expected, mask, atol=1e-4):
-    real = mask.astype(bool)
-    np.testing.assert_allclose(actual[real], expected[real], atol=atol, rtol=1e-4)
 
 
 def test_logits_equal_transformers(checkpoint):
@@ -142,17 +91,6 @@ def test_bfloat16_and_sharded_checkpoints(tmp_path):
     assert keras.backend.standardize_dtype(half.weights[0].dtype) == "bfloat16"
 
 
-def _rewrite(folder, change):
-    """Rewrites the folder's single safetensors file with `change(tensors)` applied."""
-    from safetensors.numpy import load_file
-    from safetensors.numpy import save_file
-
-    path = os.path.join(folder, "model.safetensors")
-    tensors = load_file(path)
-    change(tensors)
-    save_file(tensors, path)
-
-
 @pytest.fixture
 def gpt2_folder(tmp_path):
     folder = tmp_path / "gpt2"
@@ -163,18 +101,18 @@ def gpt2_folder(tmp_path):
 def test_missing_unused_and_misshapen_tensors_are_named(gpt2_folder, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(gpt2_folder, broken)
-    _rewrite(broken, lambda t: t.pop("transformer.h.1.mlp.c_fc.bias"))
+    rewrite(broken, lambda t: t.pop("transformer.h.1.mlp.c_fc.bias"))
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel .* lacks tensor "
                                          r"'transformer\.h\.1\.mlp\.c_fc\.bias'"):
         from_huggingface(broken)
     shutil.rmtree(broken)
     shutil.copytree(gpt2_folder, broken)
-    _rewrite(broken, lambda t: t.update(extra=np.zeros(3, "float32")))
+    rewrite(broken, lambda t: t.update(extra=np.zeros(3, "float32")))
     with pytest.raises(ValueError, match=r"tensors that no variable takes: \['extra'\]"):
         from_huggingface(broken)
     shutil.rmtree(broken)
     shutil.copytree(gpt2_folder, broken)
-    _rewrite(broken, lambda t: t.update(
+    rewrite(broken, lambda t: t.update(
         {"transformer.ln_f.weight": np.ones(17, "float32")}))
     with pytest.raises(ValueError, match=r"transformer\.ln_f\.weight.*\(17,\).*output_norm"):
         from_huggingface(broken)

@@ -20,67 +20,22 @@ from keras_xf.layers import TransformerBlock  # noqa: E402
 from keras_xf.models import CausalLM  # noqa: E402
 from keras_xf.models import from_huggingface  # noqa: E402
 from keras_xf.models import to_huggingface  # noqa: E402
-from tests.models.huggingface.test_causal_families import VOCAB  # noqa: E402
-from tests.models.huggingface.test_causal_families import _rewrite  # noqa: E402
-from tests.models.huggingface.test_causal_families import assert_logits_equal  # noqa: E402
-from tests.models.huggingface.test_causal_families import batch  # noqa: E402
-from tests.models.huggingface.test_causal_families import keras_logits  # noqa: E402
-from tests.models.huggingface.test_causal_families import reference_logits  # noqa: E402
-
-CONFIGS = {
-    # Tied embeddings, one key/value head, a head width (12) apart from hidden / heads, and
-    # √24 as the embedding normaliser (not exact in bfloat16).
-    "gemma": lambda: transformers.GemmaConfig(
-        vocab_size=VOCAB, hidden_size=24, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=12, max_position_embeddings=64),
-    # Untied, biased attention and another RoPE base.
-    "gemma_untied": lambda: transformers.GemmaConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, attention_bias=True, tie_word_embeddings=False, max_position_embeddings=64,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
-    # Four experts, two per token, and Mistral's window of 4 keys.
-    "mixtral": lambda: transformers.MixtralConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-        num_experts_per_tok=2, sliding_window=4, max_position_embeddings=64),
-    # Three experts, one per token (its gate renormalised to 1), tied embeddings.
-    "mixtral_top1": lambda: transformers.MixtralConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=12, num_local_experts=3,
-        num_experts_per_tok=1, tie_word_embeddings=True, max_position_embeddings=64),
-}
+from tests.models.huggingface.hf_checks import VOCAB  # noqa: E402
+from tests.models.huggingface.hf_checks import causal_reference  # noqa: E402
+from tests.models.huggingface.hf_checks import rewrite  # noqa: E402
+from tests.models.huggingface.hf_checks import batch  # noqa: E402
+from tests.models.huggingface.hf_checks import keras_logits  # noqa: E402
+from tests.models.huggingface.hf_checks import reference_logits  # noqa: E402
 
 
-def reference_model(name, seed=0):
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[name]())
-    with torch.no_grad():  # no zero bias, no zero norm offset, varied routing
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    return model.eval()
+
+reference_model = causal_reference
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
-def checkpoint(request, tmp_path_factory):
-    """`(name, folder, reference model)`."""
-    folder = tmp_path_factory.mktemp(request.param)
-    model = reference_model(request.param)
-    model.save_pretrained(folder)
-    return request.param, folder, model
-
-
-def test_logits_equal_transformers(checkpoint):
-    name, folder, reference = checkpoint
-    model = from_huggingface(folder)
-    assert isinstance(model, CausalLM)
-    ids, mask = batch()
-    assert_logits_equal(keras_logits(model, ids, mask), reference_logits(reference, ids, mask),
-                        mask)
-
-
-def test_layers_are_the_general_options(checkpoint):
-    name, folder, _ = checkpoint
-    model = from_huggingface(folder)
+@pytest.mark.parametrize("name", ["gemma", "mixtral"])
+def test_layers_are_the_general_options(name, tmp_path):
+    reference_model(name).save_pretrained(tmp_path)
+    model = from_huggingface(tmp_path)
     block = model.backbone.transformer_stack.blocks[0]
     if name.startswith("gemma"):
         assert model.backbone.embedding_scale
@@ -104,37 +59,6 @@ def test_mixtral_padded_positions_are_routed_as_in_transformers(tmp_path):
                                reference_logits(reference, ids, mask), atol=1e-4, rtol=1e-4)
 
 
-def test_greedy_generation_equals_transformers(checkpoint):
-    name, folder, reference = checkpoint
-    model = from_huggingface(folder)
-    ids = batch(1)[0][:, :4]
-    with torch.no_grad():
-        expected = reference.generate(
-            torch.tensor(ids, dtype=torch.long),
-            attention_mask=torch.ones(ids.shape, dtype=torch.long),
-            max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0,
-        ).numpy()
-    generated = model.generate({"token_ids": np.pad(ids, [(0, 0), (0, 6)]),
-                                "padding_mask": np.pad(np.ones_like(ids), [(0, 0), (0, 6)])},
-                               stop_token_ids=None)
-    np.testing.assert_array_equal(np.asarray(generated["token_ids"]), expected)
-
-
-def test_written_checkpoint_loads_in_transformers(checkpoint, tmp_path):
-    name, folder, reference = checkpoint
-    model = from_huggingface(folder)
-    written = to_huggingface(model, tmp_path)
-    assert written == {"gemma": "GemmaForCausalLM", "mixtral": "MixtralForCausalLM"}[
-        name.split("_")[0]]
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    ids, mask = batch(2)
-    assert_logits_equal(reference_logits(reloaded, ids, mask),
-                        reference_logits(reference, ids, mask), mask, atol=1e-5)
-    # And back into keras_xf: the same outputs.
-    again = from_huggingface(tmp_path)
-    np.testing.assert_array_equal(keras_logits(again, ids, mask), keras_logits(model, ids, mask))
-
-
 def test_gemma_embedding_normaliser_is_cast_to_the_compute_dtype(tmp_path):
     """Gemma multiplies the embeddings by `√d` cast to the weights' dtype (4.90625 for √24
     in bfloat16): the bfloat16 model's embeddings equal `transformers`' bit for bit."""
@@ -153,7 +77,7 @@ def test_gemma_embedding_normaliser_is_cast_to_the_compute_dtype(tmp_path):
 def test_missing_expert_tensor_is_named(tmp_path):
     folder = tmp_path / "mixtral"
     reference_model("mixtral_top1").save_pretrained(folder)
-    _rewrite(folder, lambda t: t.pop("model.layers.1.block_sparse_moe.experts.2.w3.weight"))
+    rewrite(folder, lambda t: t.pop("model.layers.1.block_sparse_moe.experts.2.w3.weight"))
     with pytest.raises(ValueError, match=r"MixtralForCausalLM .* lacks tensor "
                                          r"'model\.layers\.1\.block_sparse_moe\.experts\.2\.w3"):
         from_huggingface(folder)

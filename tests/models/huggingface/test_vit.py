@@ -10,6 +10,7 @@ transformers = pytest.importorskip("transformers")
 from keras_xf.models import VisionClassifier  # noqa: E402
 from keras_xf.models import from_huggingface  # noqa: E402
 from keras_xf.models import to_huggingface  # noqa: E402
+from tests.models.huggingface.hf_checks import perturbed  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -18,12 +19,9 @@ def checkpoint(tmp_path_factory):
     config = transformers.ViTConfig(
         hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
         image_size=8, patch_size=4, num_channels=3, num_labels=5)
-    model = transformers.ViTForImageClassification(config)
-    with torch.no_grad():  # no zero bias, no unit norm scale, a [CLS] token not zero
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
+    model = perturbed(transformers.ViTForImageClassification(config))  # a [CLS] token not zero
     folder = tmp_path_factory.mktemp("vit")
-    model.eval().save_pretrained(folder)
+    model.save_pretrained(folder)
     return folder, model
 
 
