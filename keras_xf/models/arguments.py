@@ -12,10 +12,12 @@ import keras
 import numpy as np
 
 from keras_xf.layers.heads.pooling import MODES
+from keras_xf.layers.residual.residual import NORMALIZATIONS
 from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import serialize_block
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import static_dim
@@ -24,9 +26,13 @@ SIZES = ("vocabulary_size", "num_layers", "hidden_dim", "max_sequence_length", "
          "share_attention_maps")
 OPTIONAL_SIZES = ("num_heads", "intermediate_dim", "num_key_value_heads",
                   "source_vocabulary_size", "num_decoder_layers", "num_classes",
-                  "projection_dim", "head_intermediate_dim")
+                  "projection_dim", "head_intermediate_dim", "num_segments")
+# Ints that may be zero.
+COUNTS = ("position_offset",)
+POSITIVE_NUMBERS = ("embedding_epsilon",)
 RATES = ("dropout", "head_dropout")
 CHOICES = {"pooling": MODES}
+OPTIONAL_CHOICES = {"embedding_normalization": NORMALIZATIONS}
 FLAGS = ("causal", "tie_embeddings", "embedding_scale", "share_embeddings", "class_token",
          "class_token_position", "normalize", "gated_cross_attention")
 # The arguments of `default_block` that a model takes under the same names.
@@ -48,6 +54,12 @@ def check_model_arguments(arguments):
     for name in OPTIONAL_SIZES:
         if arguments.get(name) is not None:
             check_positive_int(name, arguments[name])
+    for name in COUNTS:
+        if name in arguments:
+            check_positive_int(name, arguments[name], minimum=0)
+    for name in POSITIVE_NUMBERS:
+        if name in arguments:
+            check_positive_number(name, arguments[name])
     for name in RATES:
         if name in arguments:
             check_rate(name, arguments[name])
@@ -58,6 +70,11 @@ def check_model_arguments(arguments):
         if name in arguments and arguments[name] not in choices:
             raise ValueError(
                 f"{name} must be one of {choices}. Received: {name}={arguments[name]!r}"
+            )
+    for name, choices in OPTIONAL_CHOICES.items():
+        if arguments.get(name) is not None and arguments[name] not in choices:
+            raise ValueError(
+                f"{name} must be None or one of {choices}. Received: {name}={arguments[name]!r}"
             )
 
 
@@ -110,12 +127,20 @@ def task_backbone(backbone, backbone_class, dtype, backbone_kwargs, **defaults):
     return backbone
 
 
-def token_inputs(prefix=""):
-    """The named `keras.Input`s `{prefix}token_ids` and `{prefix}padding_mask`, `[B, T]`."""
+def token_inputs(prefix="", segments=False):
+    """The named `keras.Input`s `{prefix}token_ids` and `{prefix}padding_mask`, `[B, T]`,
+    and `{prefix}segment_ids` with `segments=True`."""
+    names = ("token_ids", "padding_mask") + (("segment_ids",) if segments else ())
     return {
         f"{prefix}{name}": keras.Input(shape=(None,), dtype="int32", name=f"{prefix}{name}")
-        for name in ("token_ids", "padding_mask")
+        for name in names
     }
+
+
+def takes_segment_ids(num_segments):
+    """Whether a text model with `num_segments` takes a `segment_ids` input: only with two
+    or more segments (with one, every token is segment 0)."""
+    return num_segments is not None and num_segments > 1
 
 
 def classifier_compile_defaults(optimizer, loss, metrics, from_logits=True,
@@ -200,9 +225,9 @@ def check_model_inputs(model, inputs):
                 f"{name}.shape={value.shape}"
             )
     for name in names:
-        if name.endswith("padding_mask"):
-            ids = name[: -len("padding_mask")] + "token_ids"
-            if ids in inputs:
+        for suffix in ("padding_mask", "segment_ids"):
+            ids = name[: -len(suffix)] + "token_ids"
+            if name.endswith(suffix) and ids in inputs:
                 check_padding_mask(_Shaped(inputs[name]), _Shaped(inputs[ids]), name, ids)
 
 

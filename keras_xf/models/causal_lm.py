@@ -45,6 +45,11 @@ class CausalLM(GenerativeTask):
                 "backbone must be causal (TransformerBackbone(causal=True)). Received: "
                 "backbone with causal=False"
             )
+        if backbone.uses_segment_ids:
+            raise ValueError(
+                "CausalLM generates without segment ids: its backbone takes num_segments=None "
+                f"or 1. Received: num_segments={backbone.num_segments}"
+            )
 
         # Layers
         self.backbone = backbone

@@ -29,7 +29,8 @@ class TextClassifier(FunctionalModel):
         activation: optional output activation; float32 logits by default.
         **kwargs: backbone arguments, or `name` / `dtype`.
 
-    Inputs: `{"token_ids", "padding_mask"}`. Outputs: float32 `[B, num_classes]`.
+    Inputs: `{"token_ids", "padding_mask"}` (and `"segment_ids"` when the backbone takes
+    them). Outputs: float32 `[B, num_classes]`.
 
     Example:
     >>> clf = TextClassifier(num_classes=2, vocabulary_size=100, num_layers=1, hidden_dim=16,
@@ -55,7 +56,7 @@ class TextClassifier(FunctionalModel):
         )
 
         # Functional model
-        inputs = token_inputs()
+        inputs = token_inputs(segments=backbone.uses_segment_ids)
         hidden = backbone(inputs)
         pooled = self.pooling(hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"))
         logits = self.head(pooled)

@@ -11,21 +11,27 @@ from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.presets import preset_config
 from keras_xf.models.transformer_backbone import TransformerBackbone
+from keras_xf.ops.checks import get_activation
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
 class TextEncoder(FunctionalModel):
-    """`e = normalize(W_p · Pool(Encoder(x)))`: a pooled, optionally projected and
-    L2-normalised sequence embedding.
+    """`e = normalize(act(W_p · Pool(Encoder(x)) + b_p))`: a pooled, optionally projected
+    and L2-normalised sequence embedding.
+
+    BERT's pooler is `pooling="cls"`, `projection_dim=d`, `projection_activation="tanh"`,
+    `normalize=False`.
 
     Args:
         backbone: a `TransformerBackbone` (non-causal), or its arguments as keywords.
         pooling: `"mean"` (default), `"cls"` or `"max"` over the padding mask.
-        projection_dim: optional int, a linear projection after pooling.
+        projection_dim: optional int, a projection `W_p · p + b_p` after pooling.
+        projection_activation: optional activation of that projection (linear by default).
         normalize: bool, L2-normalise the embedding (cosine similarity = dot product).
         **kwargs: backbone arguments, or `name` / `dtype`.
 
-    Inputs: `{"token_ids", "padding_mask"}`. Outputs: float32 `[B, projection_dim or d]`.
+    Inputs: `{"token_ids", "padding_mask"}`, and `"segment_ids"` when the backbone takes
+    them. Outputs: float32 `[B, projection_dim or d]`.
 
     Example:
     >>> encoder = TextEncoder(vocabulary_size=100, num_layers=1, hidden_dim=16, num_heads=2,
@@ -34,8 +40,16 @@ class TextEncoder(FunctionalModel):
     """
 
     def __init__(self, backbone=None, pooling="mean", projection_dim=None, normalize=True,
-                 name=None, dtype=None, trainable=True, **backbone_kwargs):
+                 projection_activation=None, name=None, dtype=None, trainable=True,
+                 **backbone_kwargs):
         check_model_arguments(locals())
+        if projection_activation is not None:
+            projection_activation = keras.activations.serialize(
+                get_activation("projection_activation", projection_activation))
+        if projection_activation is not None and projection_dim is None:
+            raise ValueError("projection_activation needs a projection (projection_dim). "
+                             f"Received: projection_activation={projection_activation!r}, "
+                             "projection_dim=None")
         backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs)
         if backbone.causal:
             raise ValueError("TextEncoder needs a non-causal backbone (causal=False).")
@@ -46,11 +60,12 @@ class TextEncoder(FunctionalModel):
         self.projection = None
         if projection_dim is not None:
             self.projection = keras.layers.Dense(
-                projection_dim, dtype=backbone.dtype_policy, name="projection"
+                projection_dim, activation=projection_activation, dtype=backbone.dtype_policy,
+                name="projection"
             )
 
         # Functional model
-        inputs = token_inputs()
+        inputs = token_inputs(segments=backbone.uses_segment_ids)
         hidden = backbone(inputs)
         pooled = self.pooling(hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"))
         if self.projection is not None:

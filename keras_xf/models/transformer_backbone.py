@@ -8,6 +8,7 @@ from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPosi
 from keras_xf.models.arguments import block_template
 from keras_xf.models.arguments import check_model_arguments
 from keras_xf.models.arguments import record_config
+from keras_xf.models.arguments import takes_segment_ids
 from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
@@ -45,9 +46,20 @@ class TransformerBackbone(FunctionalModel):
         embedding_scale: bool, scale token embeddings by `√d`.
         share_attention_maps: int `k`, consecutive layers sharing one attention map (survey
             §5.4; see `TransformerStack`); 1 = no sharing.
+        num_segments: optional int, a learned segment (token-type) embedding `S` added to
+            every token, `e_j += S[s_j]` (BERT's sentence pairs). With 2 or more segments the
+            model takes a `segment_ids` input; with 1, every token is segment 0 and there is
+            no such input (RoBERTa's single row).
+        embedding_normalization: `None`, `"layer_norm"` or `"rms_norm"`, a norm of the
+            summed embeddings (BERT's post-norm stack normalises its input there).
+        embedding_epsilon: float, that norm's epsilon.
+        position_offset: int, token `j` takes absolute position `j + position_offset`
+            (learned or sinusoidal positions; RoBERTa starts at row 2). With learned
+            positions the longest input is `max_sequence_length - position_offset`.
         dtype: a dtype policy name or object.
 
-    Inputs: `{"token_ids": int [B, T], "padding_mask": [B, T]}`.
+    Inputs: `{"token_ids": int [B, T], "padding_mask": [B, T]}`, and `"segment_ids": int
+    [B, T]` with `num_segments >= 2`.
     Outputs: `[B, T, d]` hidden states.
 
     Example:
@@ -75,6 +87,10 @@ class TransformerBackbone(FunctionalModel):
         tie_embeddings=True,
         embedding_scale=False,
         share_attention_maps=1,
+        num_segments=None,
+        embedding_normalization=None,
+        embedding_epsilon=1e-5,
+        position_offset=0,
         dtype=None,
         **kwargs,
     ):
@@ -92,6 +108,10 @@ class TransformerBackbone(FunctionalModel):
             tie_weights=tie_embeddings,
             scale=embedding_scale,
             dropout=dropout,
+            num_segments=num_segments,
+            normalization=embedding_normalization,
+            epsilon=embedding_epsilon,
+            position_offset=position_offset,
             dtype=policy,
             name="embeddings",
         )
@@ -104,8 +124,8 @@ class TransformerBackbone(FunctionalModel):
         )
 
         # Functional model
-        inputs = token_inputs()
-        hidden = self.embeddings(inputs["token_ids"])
+        inputs = token_inputs(segments=takes_segment_ids(num_segments))
+        hidden = self.embeddings(inputs["token_ids"], segment_ids=inputs.get("segment_ids"))
         hidden = self.transformer_stack(
             hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"), use_causal_mask=causal
         )
@@ -118,6 +138,11 @@ class TransformerBackbone(FunctionalModel):
 
         # Config
         record_config(self, locals())
+
+    @property
+    def uses_segment_ids(self):
+        """Whether the model takes a `segment_ids` input (`num_segments >= 2`)."""
+        return takes_segment_ids(self.num_segments)
 
     @property
     def token_embedding(self):

@@ -50,6 +50,11 @@ MODELS = {
     "seq2seq_lm_separate": lambda: seq2seq_lm(share_embeddings=False, source_vocabulary_size=20,
                                               position="rotary"),
     "text_encoder": lambda: text_encoder(projection_dim=8, pooling="max"),
+    # BERT-like embeddings: segments, a LayerNorm of the sum, RoBERTa's position offset.
+    "text_encoder_segments": lambda: text_encoder(
+        position="learned", num_segments=2, embedding_normalization="layer_norm",
+        embedding_epsilon=1e-6, position_offset=2, pooling="cls", projection_dim=WIDTH,
+        projection_activation="tanh", normalize=False),
     "text_classifier": lambda: text_classifier(num_classes=3, head_intermediate_dim=8),
     "transformer_backbone": lambda: TransformerBackbone(**SIZES, num_layers=1, causal=True),
     "seq2seq_backbone": lambda: Seq2SeqBackbone(**SIZES, num_layers=1),
@@ -61,7 +66,10 @@ def inputs_for(name, rng):
         batch = seq2seq_batch(rng, source_lengths=[8, 4])
         batch["encoder_token_ids"] %= 20
         return batch
-    return token_batch(rng, lengths=[8, 5])
+    batch = token_batch(rng, lengths=[8, 5])
+    if "segments" in name:
+        batch["segment_ids"] = (np.arange(8)[None, :] >= np.array([[4], [2]])).astype("int32")
+    return batch
 
 
 def outputs_of(model, batch):

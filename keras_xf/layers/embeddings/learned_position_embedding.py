@@ -63,9 +63,9 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         self._check_length(inputs.shape[1], start_index)
         shape = ops.shape(inputs)
         table = ops.cast(self.position_embeddings, self.compute_dtype)
-        if isinstance(start_index, int) and start_index == 0:
+        if isinstance(start_index, int):
             # A plain slice also for symbolic lengths (torch.export cannot trace a tensor start).
-            rows = table[: shape[1]]
+            rows = table[start_index : start_index + shape[1]]
         else:
             rows = ops.slice(table, (ops.cast(start_index, "int32"), 0), (shape[1], shape[2]))
         return ops.broadcast_to(rows[None], shape)

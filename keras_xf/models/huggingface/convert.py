@@ -3,6 +3,7 @@
 import json
 import os
 
+from keras_xf.models.huggingface import bert
 from keras_xf.models.huggingface import gemma
 from keras_xf.models.huggingface import gpt2
 from keras_xf.models.huggingface import llama
@@ -13,7 +14,10 @@ from keras_xf.models.huggingface.safetensors_folder import SafetensorsFolder
 # Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
 # `model_type` to one), `build(config, dtype)`, `tensor_map(model, config)` and
 # `hf_config(model)`.
-FAMILIES = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "mixtral": mixtral, "vit": vit}
+FAMILIES = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "mixtral": mixtral, "vit": vit,
+            "bert": bert}
+# Architectures of a known family that keras_xf refuses, with the reason.
+REFUSED = {**bert.REFUSED}
 
 
 def _family_of(config, directory):
@@ -23,6 +27,10 @@ def _family_of(config, directory):
     if not architectures:
         kind = config.get("model_type")
         architectures = [f.MODEL_TYPES[kind] for f in FAMILIES.values() if kind in f.MODEL_TYPES]
+    for architecture in architectures:
+        if architecture in REFUSED:
+            raise ValueError(f"The checkpoint in {directory} is a {architecture}: "
+                             f"{REFUSED[architecture]}")
     for family in FAMILIES.values():
         if any(a in family.ARCHITECTURES for a in architectures):
             return family, next(a for a in architectures if a in family.ARCHITECTURES)
@@ -45,7 +53,9 @@ def from_huggingface(directory, dtype=None):
 
     Returns:
         The task model, built from the model classes: a `CausalLM` (GPT-2; Llama, Mistral
-        and Qwen2; Gemma; Mixtral) or a `VisionClassifier` (ViT).
+        and Qwen2; Gemma; Mixtral), a `VisionClassifier` (ViT) or a `TextEncoder` (BERT,
+        RoBERTa, XLM-RoBERTa: its output is the pooler's, its backbone's the last hidden
+        state).
 
     Raises:
         ValueError: a folder of another architecture, or a tensor that is missing, left
@@ -67,10 +77,11 @@ def to_huggingface(model, directory, family=None, dtype=None):
     that `transformers` loads with equal outputs.
 
     Args:
-        model: a keras_xf task model that one of the families expresses.
+        model: a keras_xf task model that one of the families expresses (or, for BERT, a
+            non-causal `TransformerBackbone`).
         directory: the folder to write (created if needed).
-        family: a key of `FAMILIES` (`"gpt2"`, `"llama"`, `"gemma"`, `"mixtral"`, `"vit"`);
-            by default the first family that expresses `model`.
+        family: a key of `FAMILIES` (`"gpt2"`, `"llama"`, `"gemma"`, `"mixtral"`, `"vit"`,
+            `"bert"`); by default the first family that expresses `model`.
         dtype: NumPy dtype name of the written tensors (`"float32"`, `"float16"`); the
             variables' own dtype when `None` (bfloat16 variables are written as float32).
 

@@ -124,9 +124,9 @@ def test_other_architectures_and_folders_are_refused(gpt2_folder, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(gpt2_folder, other)
     config = json.loads((other / "config.json").read_text())
-    config["architectures"] = ["BertForMaskedLM"]
+    config["architectures"] = ["NoSuchModelForCausalLM"]
     (other / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"\['BertForMaskedLM'\].*Loadable architectures"):
+    with pytest.raises(ValueError, match=r"\['NoSuchModelForCausalLM'\].*Loadable architectures"):
         from_huggingface(other)
     os.remove(other / "model.safetensors")
     config["architectures"] = ["GPT2LMHeadModel"]
@@ -141,4 +141,4 @@ def test_models_no_family_expresses_are_refused(tmp_path):
     with pytest.raises(ValueError, match="No checkpoint family expresses this CausalLM"):
         to_huggingface(model, tmp_path)
     with pytest.raises(ValueError, match="family must be one of"):
-        to_huggingface(model, tmp_path, family="bert")
+        to_huggingface(model, tmp_path, family="no_such_family")
