@@ -19,7 +19,8 @@ from keras_xf.models import TextEncoder  # noqa: E402
 from keras_xf.models import TransformerBackbone  # noqa: E402
 from keras_xf.models import from_huggingface  # noqa: E402
 from keras_xf.models import to_huggingface  # noqa: E402
-from tests.models.huggingface.test_causal_families import _rewrite  # noqa: E402
+from tests.models.huggingface.hf_checks import perturbed  # noqa: E402
+from tests.models.huggingface.hf_checks import rewrite  # noqa: E402
 
 VOCAB, LENGTH = 61, 12
 SIZES = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
@@ -41,11 +42,7 @@ CONFIGS = {
 
 def reference_model(name, seed=0, auto=None):
     torch.manual_seed(seed)
-    model = (auto or transformers.AutoModel).from_config(CONFIGS[name]())
-    with torch.no_grad():  # no zero bias, no unit norm scale
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    return model.eval()
+    return perturbed((auto or transformers.AutoModel).from_config(CONFIGS[name]()), seed)
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -151,7 +148,7 @@ def test_missing_unused_and_misshapen_tensors_are_named(bert_folder, tmp_path):
     for change, message in cases:
         shutil.rmtree(broken, ignore_errors=True)
         shutil.copytree(bert_folder, broken)
-        _rewrite(broken, change)
+        rewrite(broken, change)
         with pytest.raises(ValueError, match=message):
             from_huggingface(broken)
 
