@@ -177,6 +177,37 @@ def test_config_round_trip():
     assert clone.backbone.transformer_stack.blocks[0].mixer.num_key_value_heads == 1
 
 
+def test_embedding_normalization(rng):
+    # A norm of the summed embeddings before the first block (BLOOM), kept through the
+    # config, used by cached decoding, and refused when unknown.
+    model = causal_lm(num_layers=1, position="none", norm_placement="pre",
+                      embedding_normalization="layer_norm", embedding_epsilon=1e-6)
+    norm = model.backbone.embeddings.norm
+    assert norm.epsilon == 1e-6
+    assert model.count_params() == causal_lm(num_layers=1, position="none",
+                                             norm_placement="pre").count_params() + 2 * WIDTH
+    config = model.get_config()
+    clone = CausalLM.from_config(config)
+    assert clone.get_config() == config
+    assert clone.backbone.embedding_normalization == "layer_norm"
+    assert clone.backbone.embedding_epsilon == 1e-6
+    batch = token_batch(rng)
+    norm.gamma.assign(rng.normal(size=(WIDTH,)).astype("float32"))
+    full = logits_of(model, batch)
+    cache = model.init_cache(2, 8)
+    logits, _, cache = model.call_with_cache(batch["token_ids"][:, :5], cache, 0)
+    steps = [to_numpy(logits)]
+    for t in range(5, 8):
+        logits, _, cache = model.call_with_cache(batch["token_ids"][:, t:t + 1], cache, t)
+        steps.append(to_numpy(logits))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5, rtol=1e-5)
+    assert causal_lm(num_layers=1).backbone.embeddings.norm is None
+    with pytest.raises(ValueError, match="embedding_normalization"):
+        causal_lm(num_layers=1, embedding_normalization="batch_norm")
+    with pytest.raises(ValueError, match="embedding_epsilon"):
+        causal_lm(num_layers=1, embedding_normalization="layer_norm", embedding_epsilon=0.0)
+
+
 def test_invalid_arguments_raise():
     with pytest.raises(ValueError, match="num_heads"):
         CausalLM(vocabulary_size=VOCAB, num_layers=1, hidden_dim=WIDTH, intermediate_dim=FFN)

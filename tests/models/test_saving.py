@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_xf.layers import AlibiBias
 from keras_xf.layers import FeedForward
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import TransformerBlock
@@ -44,8 +45,21 @@ def custom_causal_lm():
                     pad_token_id=3)
 
 
+def bloom_like_causal_lm():
+    """BLOOM's layout: ALiBi attention, no positions, a LayerNorm on the embeddings."""
+    block = TransformerBlock(
+        mixer=MultiHeadAttention(num_heads=4, biases=[AlibiBias()]),
+        feedforward=FeedForward(hidden_dim=FFN, activation="gelu_tanh"),
+        norm_placement="pre",
+    )
+    return CausalLM(vocabulary_size=VOCAB, num_layers=1, hidden_dim=WIDTH, block=block,
+                    max_sequence_length=12, position="none",
+                    embedding_normalization="layer_norm", embedding_epsilon=1e-6)
+
+
 MODELS = {
     "causal_lm_custom_rotary_gqa": custom_causal_lm,
+    "causal_lm_alibi_embedding_norm": bloom_like_causal_lm,
     "seq2seq_lm": lambda: seq2seq_lm(start_token_id=2),
     "seq2seq_lm_separate": lambda: seq2seq_lm(share_embeddings=False, source_vocabulary_size=20,
                                               position="rotary"),

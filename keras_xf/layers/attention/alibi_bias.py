@@ -55,11 +55,16 @@ class AlibiBias(ScoreBias):
                 "AlibiBias expects queries [batch, length, heads, head_dim] with a known number "
                 f"of heads. Received: query_shape={query_shape}"
             )
+        self._num_heads = None if query_shape is None else int(query_shape[2])
 
     def call(self, query, key, query_positions, key_positions):
-        slopes = ops.convert_to_tensor(
-            alibi_slope_values(query.shape[2], self.max_bias), dtype="float32"
-        )
+        # The head count is static: the queries' own, or the built one where a tracer (the
+        # traced PyTorch decoding step) turns shapes into tensors.
+        heads = query.shape[2]
+        if not isinstance(heads, int) and getattr(self, "_num_heads", None) is not None:
+            heads = self._num_heads
+        slopes = ops.convert_to_tensor(alibi_slope_values(int(heads), self.max_bias),
+                                       dtype="float32")
         distance = ops.cast(ops.abs(relative_distance(query_positions, key_positions)), "float32")
         return -slopes[None, :, None, None] * distance[None, None]
 

@@ -4,6 +4,7 @@ import json
 import os
 
 from keras_xf.models.huggingface import bert
+from keras_xf.models.huggingface import bloom
 from keras_xf.models.huggingface import gemma
 from keras_xf.models.huggingface import gpt2
 from keras_xf.models.huggingface import llama
@@ -15,7 +16,7 @@ from keras_xf.models.huggingface.safetensors_folder import SafetensorsFolder
 # `model_type` to one), `build(config, dtype)`, `tensor_map(model, config)` and
 # `hf_config(model)`.
 FAMILIES = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "mixtral": mixtral, "vit": vit,
-            "bert": bert}
+            "bert": bert, "bloom": bloom}
 # Architectures of a known family that keras_xf refuses, with the reason.
 REFUSED = {**bert.REFUSED}
 
@@ -53,9 +54,9 @@ def from_huggingface(directory, dtype=None):
 
     Returns:
         The task model, built from the model classes: a `CausalLM` (GPT-2; Llama, Mistral
-        and Qwen2; Gemma; Mixtral), a `VisionClassifier` (ViT) or a `TextEncoder` (BERT,
-        RoBERTa, XLM-RoBERTa: its output is the pooler's, its backbone's the last hidden
-        state).
+        and Qwen2; Gemma; Mixtral; BLOOM), a `VisionClassifier` (ViT) or a `TextEncoder`
+        (BERT, RoBERTa, XLM-RoBERTa: its output is the pooler's, its backbone's the last
+        hidden state).
 
     Raises:
         ValueError: a folder of another architecture, or a tensor that is missing, left
@@ -81,7 +82,7 @@ def to_huggingface(model, directory, family=None, dtype=None):
             non-causal `TransformerBackbone`).
         directory: the folder to write (created if needed).
         family: a key of `FAMILIES` (`"gpt2"`, `"llama"`, `"gemma"`, `"mixtral"`, `"vit"`,
-            `"bert"`); by default the first family that expresses `model`.
+            `"bert"`, `"bloom"`); by default the first family that expresses `model`.
         dtype: NumPy dtype name of the written tensors (`"float32"`, `"float16"`); the
             variables' own dtype when `None` (bfloat16 variables are written as float32).
 

@@ -60,12 +60,14 @@ def gated_feedforward(prefix, ffn, names=("gate_proj", "up_proj", "down_proj")):
             + dense(f"{prefix}.{names[2]}", ffn.output_dense))
 
 
-def is_plain_attention(mha, position=False, pattern=False):
-    """`mha` is a `MultiHeadAttention` with none of keras_xf's score hooks (a position hook
-    or an attention pattern allowed when asked) and the default scale and query/key width."""
+def is_plain_attention(mha, position=False, pattern=False, biases=False):
+    """`mha` is a `MultiHeadAttention` with none of keras_xf's score hooks (a position hook,
+    an attention pattern or additive score biases allowed when asked, for the caller to
+    check) and the default scale and query/key width."""
     return (
         type(mha) is MultiHeadAttention and (position or mha.position is None)
-        and (pattern or mha.pattern is None) and not mha.biases and mha.multiplier is None
+        and (pattern or mha.pattern is None) and (biases or not mha.biases)
+        and mha.multiplier is None
         and mha.guided_heads is None and mha.qk_dim is None and mha.scale is None
     )
 

@@ -109,6 +109,7 @@ def hf_config(model):
         and mha.use_bias and ffn.use_bias and mha.num_key_value_heads == mha.num_heads
         and mha.head_dim in (None, backbone.hidden_dim // mha.num_heads)
         and ffn.activation in parts.HF_ACTIVATIONS and not backbone.embedding_scale
+        and backbone.embedding_normalization is None
         and len(stack._templates()) == 1
     )
     if not fits:

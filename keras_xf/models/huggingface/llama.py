@@ -136,12 +136,13 @@ def check_decoder(model, normalization="rms_norm", embedding_scale=False, patter
                                      and mha.pattern.window_right == 0))
         and block.norm_placement == "pre" and block.normalization == normalization
         and block.cross_attention is None and backbone.embedding_scale == embedding_scale
+        and backbone.embedding_normalization is None
         and len(stack._templates()) == 1
     )
     if not fits:
         raise ValueError(f"The block must be pre-norm {normalization} around rotary multi-head "
                          f"attention{' (a sliding window at most)' if pattern else ''}, with "
-                         f"embedding_scale={embedding_scale}.")
+                         f"embedding_scale={embedding_scale} and no embedding_normalization.")
     return backbone, block
 
 

@@ -90,6 +90,23 @@ def test_causal_lm_trains(rng):
     assert not np.allclose(logits[0, 2], logits[1, 2], atol=1e-4)
 
 
+def test_greedy_generation_equals_the_full_pass(rng):
+    # The compiled decoding step (traced on PyTorch, where shapes become tensors) keeps the
+    # head count of the slopes static.
+    model = pc.check_causal_lm_trains(AlibiBias(), rng)
+    prompt = np.array([[7, 9, 11, 5]], "int32")
+    generated = np.asarray(model.generate(
+        {"token_ids": np.pad(prompt, [(0, 0), (0, 4)]),
+         "padding_mask": np.pad(np.ones_like(prompt), [(0, 0), (0, 4)])},
+        stop_token_ids=None)["token_ids"])
+    tokens = prompt
+    for _ in range(4):
+        logits = checks.to_numpy(model({"token_ids": tokens,
+                                        "padding_mask": np.ones_like(tokens)}))
+        tokens = np.concatenate([tokens, logits[:, -1:].argmax(-1).astype("int32")], axis=1)
+    np.testing.assert_array_equal(generated, tokens)
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [({"max_bias": 0}, r"max_bias=0"), ({"max_bias": -8.0}, r"max_bias=-8.0")],

@@ -204,6 +204,11 @@ def test_invalid_arguments(kwargs, message):
         (lambda: TokenAndPositionEmbedding(VOCAB, DIM, embeddings_initializer=4),
          "embeddings_initializer"),
         (lambda: TokenAndPositionEmbedding(VOCAB, 0), "embedding_dim"),
+        (lambda: TokenAndPositionEmbedding(VOCAB, DIM, normalization="batch_norm"),
+         "normalization"),
+        (lambda: TokenAndPositionEmbedding(VOCAB, DIM, normalization="layer_norm", epsilon=0),
+         "epsilon"),
+        (lambda: TokenAndPositionEmbedding(VOCAB, DIM, epsilon=-1e-5), "epsilon"),
     ],
 )
 def test_bad_constructor_arguments_raise(make, name):
@@ -216,3 +221,50 @@ def test_bad_reverse_inputs_raise(rng, tie_weights):
     layer(token_ids(rng))
     hidden = rng.normal(size=(2, 5, DIM + 1)).astype("float32")
     raises_naming("inputs", lambda: layer(hidden, reverse=True))
+
+
+@pytest.mark.parametrize("normalization", ["layer_norm", "rms_norm"])
+def test_embedding_normalization_normalises_the_sum(rng, normalization):
+    # e_j = Norm(x_j + PE(j)) (BLOOM's word_embeddings_layernorm, BERT's embedding norm).
+    layer = TokenAndPositionEmbedding(VOCAB, DIM, position="learned", max_sequence_length=8,
+                                      normalization=normalization, epsilon=1e-3)
+    ids = token_ids(rng)
+    layer.build(ids.shape)
+    for weight in layer.norm.weights:
+        weight.assign(rng.normal(size=weight.shape).astype("float32"))
+    summed = (to_numpy(layer.token_embedding.embeddings)[ids]
+              + to_numpy(layer.position_embedding.position_embeddings)[:5])
+    if normalization == "layer_norm":
+        centred = summed - summed.mean(-1, keepdims=True)
+        expected = centred / np.sqrt(centred.var(-1, keepdims=True) + 1e-3)
+        expected = expected * to_numpy(layer.norm.gamma) + to_numpy(layer.norm.beta)
+    else:
+        expected = summed / np.sqrt((summed**2).mean(-1, keepdims=True) + 1e-3)
+        expected = expected * to_numpy(layer.norm.scale)
+    np.testing.assert_allclose(to_numpy(layer(ids)), expected, rtol=1e-4, atol=1e-5)
+    # Cached decoding: one token at a time gives the rows of the full pass.
+    steps = [to_numpy(layer(ids[:, t:t + 1], start_index=t)) for t in range(5)]
+    np.testing.assert_allclose(np.concatenate(steps, 1), expected, rtol=1e-4, atol=1e-5)
+    # The reverse projection is not normalised.
+    hidden = rng.normal(size=(2, 5, DIM)).astype("float32")
+    np.testing.assert_allclose(to_numpy(layer(hidden, reverse=True)),
+                               hidden @ to_numpy(layer.token_embedding.embeddings).T,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_embedding_normalization_config_saving_and_mixed_precision(rng, tmp_path):
+    layer = TokenAndPositionEmbedding(VOCAB, DIM, position="none", normalization="layer_norm",
+                                      epsilon=1e-6, name="embed")
+    clone = check_config_round_trip(layer)
+    assert clone.normalization == "layer_norm" and clone.epsilon == 1e-6
+    assert clone.norm.epsilon == 1e-6
+    assert TokenAndPositionEmbedding(VOCAB, DIM).get_config()["normalization"] is None
+    ids = token_ids(rng)
+    model = wrap_in_model(layer, [ids])
+    assert count_params(layer) == VOCAB * DIM + 2 * DIM
+    check_saving(model, [ids], tmp_path)
+    check_fit_step(model, [ids])
+    outputs = check_mixed_precision(
+        lambda **kw: TokenAndPositionEmbedding(VOCAB, DIM, normalization="layer_norm", **kw),
+        [ids], policy="mixed_bfloat16")
+    assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"

@@ -54,6 +54,14 @@ CONFIGS = {  # name: a `transformers` config of a tiny causal LM
         vocab_size=VOCAB, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=12, num_local_experts=3,
         num_experts_per_tok=1, tie_word_embeddings=True, max_position_embeddings=64),
+    # ALiBi with four heads (a power of two), tied embeddings.
+    "bloom": lambda: transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=16, n_layer=2, n_head=4),
+    # Six heads (not a power of two: the slopes of 4 heads, then every other slope of 8), an
+    # untied output projection and another epsilon.
+    "bloom_6_heads_untied": lambda: transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=24, n_layer=2, n_head=6, tie_word_embeddings=False,
+        layer_norm_epsilon=1e-6),
 }
 
 
