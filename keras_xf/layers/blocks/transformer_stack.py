@@ -53,13 +53,14 @@ def _validate_bias_sharing(share_score_biases, templates):
     counts = set()
     for template in templates:
         mixer = template["config"]["mixer"]
-        counts.add(len(mixer["config"].get("biases") or []))
-        if mixer.get("class_name") != "MultiHeadAttention" or not counts - {0}:
+        count = len(mixer["config"].get("biases") or [])
+        if mixer.get("class_name") != "MultiHeadAttention" or not count:
             raise ValueError(
                 "share_score_biases=True needs blocks whose mixer is a MultiHeadAttention "
                 "with score biases (e.g. a RelativePositionBias). Received: mixer="
-                f"{mixer.get('class_name')} with {counts.pop()} biases"
+                f"{mixer.get('class_name')} with {count} biases"
             )
+        counts.add(count)
     if len(counts) != 1:
         raise ValueError("share_score_biases=True needs templates with equally many score "
                          f"biases. Received: {sorted(counts)}")

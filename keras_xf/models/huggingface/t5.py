@@ -16,6 +16,8 @@ Decoding starts from `decoder_start_token_id` (the padding id, 0).
 keeps the rescale in `scale_decoder_outputs` (`tie_word_embeddings` of older configs).
 """
 
+import math
+
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.attention.relative_position_bias import RelativePositionBias
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
@@ -188,7 +190,7 @@ def hf_config(model):
     """The T5 config of `model`, or a `ValueError` naming what T5 does not express."""
     backbone, block, (buckets, distance) = _check(model)
     d = backbone.hidden_dim
-    scaled = abs(model.logit_scale - d ** -0.5) < 1e-12 * d
+    scaled = math.isclose(model.logit_scale, d ** -0.5, rel_tol=1e-9)
     if not scaled and model.logit_scale != 1.0:
         raise ValueError(f"T5 scales logits by d^-0.5 or not at all. Received: "
                          f"logit_scale={model.logit_scale}")

@@ -41,9 +41,12 @@ def reference_model(name, seed=0):
         **CONFIGS[name])
     torch.manual_seed(seed)
     model = transformers.T5ForConditionalGeneration(config)
-    with torch.no_grad():  # no unit norm scale, no zero bias table
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
+    with torch.no_grad():  # no unit norm scale; bias tables large enough to steer decoding
+        for name, parameter in model.named_parameters():
+            if "relative_attention_bias" in name:
+                parameter.copy_(torch.randn_like(parameter) * 3.0)
+            else:
+                parameter.add_(torch.randn_like(parameter) * 0.2)
     return model.eval()
 
 
