@@ -34,7 +34,7 @@ RATES = ("dropout", "head_dropout")
 CHOICES = {"pooling": MODES}
 OPTIONAL_CHOICES = {"embedding_normalization": NORMALIZATIONS}
 FLAGS = ("causal", "tie_embeddings", "embedding_scale", "share_embeddings", "class_token",
-         "class_token_position", "normalize", "gated_cross_attention")
+         "class_token_position", "normalize", "gated_cross_attention", "share_score_biases")
 # The arguments of `default_block` that a model takes under the same names.
 BLOCK_ARGUMENTS = ("num_heads", "intermediate_dim", "num_key_value_heads", "activation",
                    "norm_placement", "normalization", "dropout")

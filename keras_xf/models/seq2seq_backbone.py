@@ -37,6 +37,8 @@ class Seq2SeqBackbone(FunctionalModel):
         share_embeddings: bool, one embedding matrix for source and target (survey §5.4;
             needs equal vocabularies).
         num_decoder_layers: int; `None` = `num_layers`.
+        share_score_biases: bool, each stack's layers use its first layer's score biases
+            (one relative-position bias per stack, as in T5; see `TransformerStack`).
         position, num_key_value_heads, activation, norm_placement, normalization, dropout,
         tie_embeddings, embedding_scale, dtype: as in `TransformerBackbone`.
 
@@ -66,6 +68,7 @@ class Seq2SeqBackbone(FunctionalModel):
         dropout=0.0,
         tie_embeddings=True,
         embedding_scale=False,
+        share_score_biases=False,
         dtype=None,
         **kwargs,
     ):
@@ -101,9 +104,11 @@ class Seq2SeqBackbone(FunctionalModel):
             self.encoder_embeddings = TokenAndPositionEmbedding(
                 source_vocabulary, hidden_dim, name="encoder_embeddings", **embedding_args
             )
-        self.encoder = TransformerStack(encoder_template, num_layers, dtype=policy, name="encoder")
+        self.encoder = TransformerStack(encoder_template, num_layers, dtype=policy,
+                                        share_score_biases=share_score_biases, name="encoder")
         self.decoder = TransformerStack(
-            decoder_template, num_decoder_layers or num_layers, dtype=policy, name="decoder"
+            decoder_template, num_decoder_layers or num_layers, dtype=policy,
+            share_score_biases=share_score_biases, name="decoder"
         )
 
         # Functional model

@@ -9,6 +9,7 @@ from keras_xf.models.arguments import task_backbone
 from keras_xf.models.generative_task import GenerativeTask
 from keras_xf.models.presets import preset_config
 from keras_xf.models.seq2seq_backbone import Seq2SeqBackbone
+from keras_xf.ops.checks import check_positive_number
 
 ENCODER_KEYS = ("encoder_token_ids", "encoder_padding_mask")
 
@@ -21,6 +22,9 @@ class Seq2SeqLM(GenerativeTask):
         backbone: a `Seq2SeqBackbone`, or leave it out and pass its arguments.
         pad_token_id: int.
         start_token_id: int, the first decoder token of generated targets.
+        logit_scale: positive float `c`, logits `Softmax(c · s_i W_o)`: the decoder states
+            are multiplied by `c` before the output projection (T5 with tied embeddings uses
+            `c = d^-0.5`); 1.0 leaves them as they are.
         **kwargs: backbone arguments, or `name` / `dtype`.
 
     Inputs: `encoder_token_ids`, `encoder_padding_mask`, `decoder_token_ids`,
@@ -40,8 +44,10 @@ class Seq2SeqLM(GenerativeTask):
     >>> model.generate({"encoder_token_ids": [[3, 4, 5]]}, max_length=6, sampler="beam")
     """
 
-    def __init__(self, backbone=None, pad_token_id=0, start_token_id=1, name=None, dtype=None,
-                 trainable=True, **backbone_kwargs):
+    def __init__(self, backbone=None, pad_token_id=0, start_token_id=1, logit_scale=1.0,
+                 name=None, dtype=None, trainable=True, **backbone_kwargs):
+        check_positive_number("logit_scale", logit_scale)
+        self.logit_scale = float(logit_scale)
         backbone = task_backbone(backbone, Seq2SeqBackbone, dtype, backbone_kwargs)
 
         # Layers
@@ -89,6 +95,12 @@ class Seq2SeqLM(GenerativeTask):
             cache_index=cache_index,
         )
         return self._logits(hidden), hidden, cache
+
+    def _logits(self, hidden):
+        """float32 logits `[B, T, V]` of decoder states `[B, T, d]` scaled by `logit_scale`."""
+        if self.logit_scale != 1.0:
+            hidden = hidden * ops.cast(self.logit_scale, hidden.dtype)
+        return super()._logits(hidden)
 
     # Hooks of `GenerativeTask` ------------------------------------------------------------
     prompt_keys = ("decoder_token_ids", "decoder_padding_mask")
@@ -158,6 +170,7 @@ class Seq2SeqLM(GenerativeTask):
             {
                 "backbone": keras.saving.serialize_keras_object(self.backbone),
                 "start_token_id": self.start_token_id,
+                "logit_scale": self.logit_scale,
             }
         )
         return config

@@ -196,8 +196,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         # slow dropout path (a full tensor of keep probabilities and a Bernoulli draw per
         # element) instead of `torch.nn.functional.dropout`.
         self.seed_generator = keras.random.SeedGenerator()
-        self._value_term_biases = [b for b in self.biases if b.has_value_term]
-        self._weight_mixers = [b for b in self.biases if b.mixes_weights]
+        self._index_biases()
         self._init_score_extensions(guided_heads, qk_dim)
 
     def _projection(self, name, equation, output_shape, bias_axes, use_bias=None):
@@ -212,6 +211,29 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         """`dense(inputs)` as one matmul (`keras_xf.layers.head_projections.project`);
         subclasses override it to transform the projected keys and values."""
         return project(dense, inputs)
+
+    def _index_biases(self):
+        self._value_term_biases = [b for b in self.biases if b.has_value_term]
+        self._weight_mixers = [b for b in self.biases if b.mixes_weights]
+
+    @staticmethod
+    def _score_bias(hook, q, k, query_positions, key_positions):
+        """`hook(q, k, …)`, or the value it gave an earlier layer of the same stack call
+        when the stack shares it and it depends on the positions alone (`TransformerStack(
+        share_score_biases=True)` opens `hook._stack_terms` for the length of its call)."""
+        terms = getattr(hook, "_stack_terms", None)
+        if terms is None or not hook.positions_only:
+            return hook(q, k, query_positions, key_positions)
+        if "term" not in terms:
+            terms["term"] = hook(q, k, query_positions, key_positions)
+        return terms["term"]
+
+    def share_biases(self, biases):
+        """Uses the `ScoreBias` layers `biases` (another layer's, weights included) as this
+        layer's own `biases`: `TransformerStack(share_score_biases=True)` gives every layer the
+        bias table of its first layer (T5's one relative-position bias per stack)."""
+        self.biases = list(biases)
+        self._index_biases()
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         if len(query_shape) != 3:
@@ -351,7 +373,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         for hook in self.biases:
             if hook.mixes_weights:
                 continue
-            term = hook(q, k, query_positions, key_positions)
+            term = self._score_bias(hook, q, k, query_positions, key_positions)
             bias = term if bias is None else bias + term
         bias, syntax_multiplier = self._syntax_terms(bias, attention_bias, attention_multiplier, q, k)
 

@@ -26,7 +26,8 @@ class RelativePositionBias(ScoreBias):
     Used as a `MultiHeadAttention(biases=[...])` hook. The table `[num_buckets, num_heads]`
     takes its head count from the queries when built. Positions are the absolute positions
     that `MultiHeadAttention` passes (offset by the cache index), so cached decoding gives the
-    full pass's result.
+    full pass's result. The bias depends on the positions alone (`positions_only`): a stack
+    that shares it (`TransformerStack(share_score_biases=True)`, T5) computes it once.
 
     Args:
         num_buckets: int, buckets in all (even and ≥ 4 when bidirectional, ≥ 2 causal).
@@ -50,6 +51,8 @@ class RelativePositionBias(ScoreBias):
     >>> mha = MultiHeadAttention(num_heads=2, biases=[bias])
     >>> y = mha(keras.random.normal((2, 6, 16)), use_causal_mask=True)  # (2, 6, 16)
     """
+
+    positions_only = True
 
     def __init__(
         self,

@@ -22,6 +22,9 @@ class ScoreBias(keras.layers.Layer):
     - `mixes_weights`: the hook is not added to the scores; instead it provides
       `mix_weights(weights, query, key, query_positions, key_positions, mask)`, applied to
       the softmax weights (e.g. the locality-prior mixture of survey §4.1.1).
+    - `positions_only`: the bias depends on the positions alone (not on `query` or `key`
+      beyond their head count), so layers that share it (`TransformerStack(
+      share_score_biases=True)`) may compute it once for all of them.
 
     Example:
     >>> mha = MultiHeadAttention(num_heads=2, biases=[ScoreBias()])  # adds zero to the scores
@@ -30,6 +33,7 @@ class ScoreBias(keras.layers.Layer):
 
     has_value_term = False
     mixes_weights = False
+    positions_only = False
 
     def call(self, query, key, query_positions, key_positions):
         return ops.zeros((1, 1, ops.shape(query_positions)[0], ops.shape(key_positions)[0]),

@@ -36,6 +36,37 @@ def _validate_sharing(share_attention_maps, template):
     return k
 
 
+def _without_biases(config):
+    """A serialised block config whose self-attention has no score biases (the layer takes
+    the first layer's instead)."""
+    mixer = config["config"]["mixer"]
+    mixer = dict(mixer, config=dict(mixer["config"], biases=[]))
+    return dict(config, config=dict(config["config"], mixer=mixer))
+
+
+def _validate_bias_sharing(share_score_biases, templates):
+    if not isinstance(share_score_biases, bool):
+        raise ValueError("share_score_biases must be a bool. Received: "
+                         f"share_score_biases={share_score_biases!r}")
+    if not share_score_biases:
+        return False
+    counts = set()
+    for template in templates:
+        mixer = template["config"]["mixer"]
+        count = len(mixer["config"].get("biases") or [])
+        if mixer.get("class_name") != "MultiHeadAttention" or not count:
+            raise ValueError(
+                "share_score_biases=True needs blocks whose mixer is a MultiHeadAttention "
+                "with score biases (e.g. a RelativePositionBias). Received: mixer="
+                f"{mixer.get('class_name')} with {count} biases"
+            )
+        counts.add(count)
+    if len(counts) != 1:
+        raise ValueError("share_score_biases=True needs templates with equally many score "
+                         f"biases. Received: {sorted(counts)}")
+    return True
+
+
 def _serialize_templates(block):
     """One serialised template, or a list of them for a hybrid stack."""
     if not isinstance(block, (list, tuple)):
@@ -63,6 +94,16 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     a fresh copy of `B_{l mod m}` (e.g. recurrent or averaging layers alternating with
     self-attention layers, survey §5.5.2). The final normalisation follows the first template.
 
+    Shared score biases (`share_score_biases=True`): every layer's self-attention uses the
+    `ScoreBias` layers of the first layer, so one table serves the whole stack, as T5's
+    relative-position bias `b_{h, bucket(j − i)}` does (survey §4.1.3: T5 keeps the table
+    in layer 0 and passes the same bias to every layer). A bias that depends on the
+    positions alone (`positions_only`, e.g. `RelativePositionBias`) is computed once per
+    call of the stack, by its first layer, and reused by the others (all layers attend over
+    the same query and key positions; stacks with a rolling-cache pattern recompute it in
+    each layer). Cached decoding and generation work as without sharing; there is one set
+    of weights to train.
+
     Args:
         block: a `TransformerBlock` or `GatedCrossAttentionBlock` (or its serialised config)
             used as the template, or a non-empty list of templates used in turn; the
@@ -71,6 +112,9 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         final_norm: bool; `None` means "yes for a pre-norm template, no otherwise".
         share_attention_maps: int `k ≥ 1`, layers per group sharing one attention map
             (1 = no sharing). `k > 1` needs a `MultiHeadAttention` mixer.
+        share_score_biases: bool, all layers use the first layer's score biases (their
+            `MultiHeadAttention` mixers must have equally many); `False` gives each layer
+            its own copy.
         **kwargs: base `Layer` arguments.
 
     Call arguments:
@@ -90,7 +134,8 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     >>> y = stack(keras.random.normal((2, 5, 16)))
     """
 
-    def __init__(self, block, num_layers, final_norm=None, share_attention_maps=1, **kwargs):
+    def __init__(self, block, num_layers, final_norm=None, share_attention_maps=1,
+                 share_score_biases=False, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"num_layers must be a positive int. Received: num_layers={num_layers}")
@@ -100,6 +145,7 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         self.share_attention_maps = _validate_sharing(share_attention_maps, template)
         for other in templates[1:]:
             _validate_sharing(share_attention_maps, clone_layer(other))
+        self.share_score_biases = _validate_bias_sharing(share_score_biases, templates)
         self.num_layers = num_layers
         norm_placement = template.norm_placement
         self.final_norm = norm_placement == "pre" if final_norm is None else bool(final_norm)
@@ -107,7 +153,15 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         dtype = keras.dtype_policies.serialize(self.dtype_policy)
         for index in range(num_layers):
             config = templates[index % len(templates)]
+            if self.share_score_biases and index:
+                config = _without_biases(config)
             self.blocks.append(clone_layer(config, name=f"block_{index}", dtype=dtype))
+            if self.share_score_biases and index:
+                self.blocks[-1].mixer.share_biases(self.blocks[0].mixer.biases)
+        # One evaluation of the shared biases per call, unless a layer's rolling cache
+        # gives it key positions of its own.
+        self._computes_biases_once = self.share_score_biases and all(
+            getattr(block.mixer.pattern, "cache_slots", None) is None for block in self.blocks)
         self.output_norm = None
         if self.final_norm:
             self.output_norm = make_normalization(
@@ -154,6 +208,23 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 f"{len(cache)} entries"
             )
         kwargs = mixer_arguments(kwargs, mixer_options)
+        shared = self.blocks[0].mixer.biases if self._computes_biases_once else []
+        for bias in shared:
+            object.__setattr__(bias, "_stack_terms", {})
+        try:
+            outputs, new_caches, collected = self._call_blocks(
+                inputs, padding_mask, attention_mask, encoder_outputs, encoder_padding_mask,
+                use_causal_mask, cache, cache_index, training, kwargs)
+        finally:
+            for bias in shared:
+                object.__setattr__(bias, "_stack_terms", None)
+        if self.output_norm is not None:
+            outputs = self.output_norm(outputs)
+        return self._results(outputs, new_caches, collected, cache is not None)
+
+    def _call_blocks(self, inputs, padding_mask, attention_mask, encoder_outputs,
+                     encoder_padding_mask, use_causal_mask, cache, cache_index, training,
+                     kwargs):
         outputs = inputs
         new_caches = []
         collected = {}
@@ -181,9 +252,7 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
             if "return_attention_scores" not in sharing or kwargs.get("return_attention_scores"):
                 for key, value in extras.items():
                     collected.setdefault(key, [None] * self.num_layers)[index] = value
-        if self.output_norm is not None:
-            outputs = self.output_norm(outputs)
-        return self._results(outputs, new_caches, collected, cache is not None)
+        return outputs, new_caches, collected
 
     def _results(self, outputs, new_caches, collected, has_cache):
         if not collected:
@@ -231,6 +300,7 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 "num_layers": self.num_layers,
                 "final_norm": self.final_norm,
                 "share_attention_maps": self.share_attention_maps,
+                "share_score_biases": self.share_score_biases,
             }
         )
         return config

@@ -9,14 +9,16 @@ from keras_xf.models.huggingface import gemma
 from keras_xf.models.huggingface import gpt2
 from keras_xf.models.huggingface import llama
 from keras_xf.models.huggingface import mixtral
+from keras_xf.models.huggingface import t5
 from keras_xf.models.huggingface import vit
 from keras_xf.models.huggingface.safetensors_folder import SafetensorsFolder
 
 # Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
 # `model_type` to one), `build(config, dtype)`, `tensor_map(model, config)` and
-# `hf_config(model)`.
-FAMILIES = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "mixtral": mixtral, "vit": vit,
-            "bert": bert, "bloom": bloom}
+# `hf_config(model)`; a family whose model depends on the tensors present (T5 1.1's own
+# `lm_head`) also has `build_from_folder(folder, dtype)`.
+FAMILIES = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "mixtral": mixtral, "t5": t5,
+            "vit": vit, "bert": bert, "bloom": bloom}
 # Architectures of a known family that keras_xf refuses, with the reason.
 REFUSED = {**bert.REFUSED}
 
@@ -54,9 +56,9 @@ def from_huggingface(directory, dtype=None):
 
     Returns:
         The task model, built from the model classes: a `CausalLM` (GPT-2; Llama, Mistral
-        and Qwen2; Gemma; Mixtral; BLOOM), a `VisionClassifier` (ViT) or a `TextEncoder`
-        (BERT, RoBERTa, XLM-RoBERTa: its output is the pooler's, its backbone's the last
-        hidden state).
+        and Qwen2; Gemma; Mixtral; BLOOM), a `Seq2SeqLM` (T5 1.0 and 1.1), a
+        `VisionClassifier` (ViT) or a `TextEncoder` (BERT, RoBERTa, XLM-RoBERTa: its output
+        is the pooler's, its backbone's the last hidden state).
 
     Raises:
         ValueError: a folder of another architecture, or a tensor that is missing, left
@@ -68,7 +70,10 @@ def from_huggingface(directory, dtype=None):
     """
     folder = SafetensorsFolder(directory)
     family, architecture = _family_of(folder.config, directory)
-    model = family.build(folder.config, dtype=dtype)
+    if hasattr(family, "build_from_folder"):
+        model = family.build_from_folder(folder, dtype=dtype)
+    else:
+        model = family.build(folder.config, dtype=dtype)
     family.tensor_map(model, folder.config).load(folder, architecture)
     return model
 
@@ -81,8 +86,8 @@ def to_huggingface(model, directory, family=None, dtype=None):
         model: a keras_xf task model that one of the families expresses (or, for BERT, a
             non-causal `TransformerBackbone`).
         directory: the folder to write (created if needed).
-        family: a key of `FAMILIES` (`"gpt2"`, `"llama"`, `"gemma"`, `"mixtral"`, `"vit"`,
-            `"bert"`, `"bloom"`); by default the first family that expresses `model`.
+        family: a key of `FAMILIES` (`"gpt2"`, `"llama"`, `"gemma"`, `"mixtral"`, `"t5"`,
+            `"vit"`, `"bert"`, `"bloom"`); by default the first family that expresses `model`.
         dtype: NumPy dtype name of the written tensors (`"float32"`, `"float16"`); the
             variables' own dtype when `None` (bfloat16 variables are written as float32).
 
