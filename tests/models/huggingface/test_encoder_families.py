@@ -19,6 +19,7 @@ from keras_xf.models import TextEncoder  # noqa: E402
 from keras_xf.models import TransformerBackbone  # noqa: E402
 from keras_xf.models import from_huggingface  # noqa: E402
 from keras_xf.models import to_huggingface  # noqa: E402
+from tests.models.huggingface.hf_checks import assert_logits_equal  # noqa: E402
 from tests.models.huggingface.hf_checks import perturbed  # noqa: E402
 from tests.models.huggingface.hf_checks import rewrite  # noqa: E402
 
@@ -89,11 +90,6 @@ def keras_outputs(model, inputs):
     return hidden, keras.ops.convert_to_numpy(model(inputs))
 
 
-def assert_hidden_equal(actual, expected, mask, atol=1e-4):
-    real = mask.astype(bool)
-    np.testing.assert_allclose(actual[real], expected[real], atol=atol, rtol=1e-4)
-
-
 def test_hidden_states_equal_transformers(checkpoint):
     name, folder, reference = checkpoint
     model = from_huggingface(folder)
@@ -102,7 +98,7 @@ def test_hidden_states_equal_transformers(checkpoint):
     assert sorted(model.input) == sorted(inputs)
     hidden, pooled = keras_outputs(model, inputs)
     expected_hidden, expected_pooled = reference_outputs(reference, inputs)
-    assert_hidden_equal(hidden, expected_hidden, inputs["padding_mask"])
+    assert_logits_equal(hidden, expected_hidden, inputs["padding_mask"])
     np.testing.assert_allclose(pooled, expected_pooled, atol=1e-4, rtol=1e-4)
 
 
@@ -118,7 +114,7 @@ def test_written_checkpoint_loads_in_transformers(checkpoint, tmp_path):
     inputs = batch(reference.config, seed=2)
     for actual, expected in zip(reference_outputs(reloaded, inputs),
                                 reference_outputs(reference, inputs)):
-        assert_hidden_equal(actual, expected, np.ones(actual.shape[:2]) if actual.ndim == 3
+        assert_logits_equal(actual, expected, np.ones(actual.shape[:2]) if actual.ndim == 3
                             else np.ones(actual.shape[:1]), atol=1e-5)
     # And back into keras_xf: the same outputs.
     again = from_huggingface(tmp_path)
@@ -190,7 +186,7 @@ def test_keras_built_encoders_write_back(tmp_path):
     config = transformers.RobertaConfig(pad_token_id=1, type_vocab_size=1)
     inputs = batch(config, seed=4)
     expected = keras.ops.convert_to_numpy(backbone(inputs))
-    assert_hidden_equal(reference_outputs(reloaded, inputs)[0], expected, inputs["padding_mask"])
+    assert_logits_equal(reference_outputs(reloaded, inputs)[0], expected, inputs["padding_mask"])
     # A mean-pooled encoder writes its encoder; a projection BERT has no place for is refused.
     encoder = TextEncoder(encoder_backbone(position_offset=0, num_segments=2))
     assert to_huggingface(encoder, tmp_path / "mean") == "BertModel"

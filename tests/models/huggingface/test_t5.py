@@ -23,6 +23,7 @@ from keras_xf.models import from_huggingface  # noqa: E402
 from keras_xf.models import to_huggingface  # noqa: E402
 from keras_xf.models.huggingface import t5  # noqa: E402
 from keras_xf.ops.positions import relative_position_buckets  # noqa: E402
+from tests.models.huggingface.hf_checks import assert_logits_equal  # noqa: E402
 
 VOCAB, SOURCE, TARGET = 37, 20, 18
 CONFIGS = {
@@ -86,11 +87,6 @@ def keras_logits(model, ids, mask, targets, target_mask):
     return keras.ops.convert_to_numpy(model({
         "encoder_token_ids": ids, "encoder_padding_mask": mask,
         "decoder_token_ids": targets, "decoder_padding_mask": target_mask}))
-
-
-def assert_logits_equal(actual, expected, mask, atol=1e-4):
-    real = mask.astype(bool)
-    np.testing.assert_allclose(actual[real], expected[real], atol=atol, rtol=1e-4)
 
 
 def test_logits_equal_transformers(checkpoint):
