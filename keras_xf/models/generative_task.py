@@ -13,6 +13,7 @@ from keras_xf.generation.compile import traced_run_loop
 from keras_xf.generation.compile import traces_whole_loop_body
 from keras_xf.generation.prompts import output_padding_mask
 from keras_xf.generation.prompts import pack_prompts
+from keras_xf.generation.sampling import SAMPLER_NAMES
 from keras_xf.generation.sampling import get_sampler
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.models.backbone import FunctionalModel
@@ -84,10 +85,21 @@ class GenerativeTask(FunctionalModel):
         super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
 
     def _set_sampler(self, sampler):
-        self.sampler = get_sampler(sampler)
+        # A known name is resolved when first used: importing keras-hub takes seconds and
+        # hundreds of MB, which a model that never generates need not pay.
+        if not (isinstance(sampler, str) and sampler in SAMPLER_NAMES):
+            sampler = get_sampler(sampler)
+        self._sampler = sampler
         # A default given by name shares its compiled functions with calls naming it.
-        self._default_sampler_key = sampler if isinstance(sampler, str) else self.sampler
+        self._default_sampler_key = sampler
         self._generate_functions = CompiledFunctions()
+
+    @property
+    def sampler(self):
+        """The default keras-hub sampler of `generate` (set by `compile`; greedy)."""
+        if isinstance(self._sampler, str):
+            self._sampler = get_sampler(self._sampler)
+        return self._sampler
 
     # Generation -----------------------------------------------------------------------
     def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,

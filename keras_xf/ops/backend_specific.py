@@ -13,6 +13,7 @@ import warnings
 
 import keras
 from keras import ops
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 
 def _backend():
@@ -243,8 +244,10 @@ def register_module_parameters(model):
     """Registers `model`'s variables as PyTorch parameters again after the functional
     `__init__`: `_torch_params` was set past torch's `__setattr__` (see
     `sets_attributes_before_module_init`), and `parameters()` (torch.onnx, torch.export)
-    would miss the weights. Nothing to do on other backends."""
-    if _backend() == "torch":
+    would miss the weights. Nothing to do on other backends, nor for variables created
+    without values (in a `keras.StatelessScope`): Keras tracks those when first asked for the
+    parameters, as its own layers do."""
+    if _backend() == "torch" and not in_stateless_scope():
         model._track_variables()
 
 

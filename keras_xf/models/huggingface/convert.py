@@ -11,6 +11,8 @@ from keras_xf.models.huggingface import llama
 from keras_xf.models.huggingface import mixtral
 from keras_xf.models.huggingface import t5
 from keras_xf.models.huggingface import vit
+from keras_xf.models.huggingface.deferred_variables import built_without_values
+from keras_xf.models.huggingface.deferred_variables import initialize_unfilled
 from keras_xf.models.huggingface.safetensors_folder import SafetensorsFolder
 
 # Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
@@ -70,11 +72,16 @@ def from_huggingface(directory, dtype=None):
     """
     folder = SafetensorsFolder(directory)
     family, architecture = _family_of(folder.config, directory)
-    if hasattr(family, "build_from_folder"):
-        model = family.build_from_folder(folder, dtype=dtype)
-    else:
-        model = family.build(folder.config, dtype=dtype)
-    family.tensor_map(model, folder.config).load(folder, architecture)
+    try:
+        # Variables take their first value from the checkpoint: no random weights beside it.
+        with built_without_values():
+            if hasattr(family, "build_from_folder"):
+                model = family.build_from_folder(folder, dtype=dtype)
+            else:
+                model = family.build(folder.config, dtype=dtype)
+        family.tensor_map(model, folder.config).load(folder, architecture)
+    finally:
+        initialize_unfilled()
     return model
 
 

@@ -5,6 +5,8 @@ import re
 import keras
 import numpy as np
 
+from keras_xf.models.huggingface.deferred_variables import fill
+
 
 class Entry:
     """Checkpoint tensors `names` ↔ model `variables`.
@@ -58,6 +60,14 @@ def split(name, variables, axis, to_model_each=None, to_checkpoint_each=None):
     )
 
 
+def _private(value, sources, dtype):
+    """`value` as an array of `dtype` that shares no memory with the arrays `sources`."""
+    dtype = keras.backend.standardize_dtype(dtype)
+    if value.dtype != dtype or not any(np.may_share_memory(value, s) for s in sources):
+        return np.asarray(value, dtype, order="C")
+    return np.array(value, dtype, order="C")
+
+
 class TensorMap:
     """Every tensor of a checkpoint family, each mapped to the variables it fills.
 
@@ -77,7 +87,6 @@ class TensorMap:
     def load(self, folder, architecture):
         """Assigns every variable from `folder` (a `SafetensorsFolder`); raises a `ValueError`
         naming the tensor that is missing, of the wrong shape, or left unused."""
-        used = set()
         for entry in self.entries:
             for name in entry.names:
                 if name not in folder:
@@ -85,16 +94,26 @@ class TensorMap:
                         f"The {architecture} checkpoint in {folder.directory} lacks tensor "
                         f"{name!r}."
                     )
+        # Largest tensors first: their conversion buffers come and go while few variables
+        # hold memory, so the peak is the weights plus the copies of a small tensor.
+        entries = sorted(self.entries, key=lambda e: -sum(
+            int(np.prod(folder.shape(n))) for n in e.names))
+        used = set()
+        for entry in entries:
             arrays = [folder[name] for name in entry.names]
             try:
                 values = entry.to_model(arrays)
             except ValueError as error:
                 raise ValueError(self._shape_message(entry, arrays, error)) from None
-            for variable, value in zip(entry.variables, values):
-                if tuple(value.shape) != tuple(variable.shape):
-                    raise ValueError(self._shape_message(entry, arrays, None))
-                variable.assign(np.asarray(value, keras.backend.standardize_dtype(
-                    variable.dtype)))
+            if any(tuple(v.shape) != tuple(var.shape) for v, var in zip(values, entry.variables)):
+                raise ValueError(self._shape_message(entry, arrays, None))
+            # Private copies, then the file mappings go: a backend may keep the array it is
+            # given as the variable's memory, which must not be a read-only mapping.
+            values = [_private(v, arrays, var.dtype) for v, var in zip(values, entry.variables)]
+            del arrays
+            for i, variable in enumerate(entry.variables):
+                fill(variable, values[i])
+                values[i] = None  # one tensor at a time beside the variables
             used.update(entry.names)
         unused = [n for n in folder.keys() if n not in used and not self._is_ignored(n)]
         if unused:

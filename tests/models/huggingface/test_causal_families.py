@@ -118,6 +118,29 @@ def test_missing_unused_and_misshapen_tensors_are_named(gpt2_folder, tmp_path):
         from_huggingface(broken)
 
 
+def test_variables_take_their_first_value_from_the_checkpoint(gpt2_folder, tmp_path):
+    # The model is built without values and filled tensor by tensor; a load that fails
+    # midway leaves no half-initialised variables for Keras to trip over later.
+    broken = tmp_path / "broken"
+    shutil.copytree(gpt2_folder, broken)
+    rewrite(broken, lambda t: t.pop("transformer.ln_f.bias"))
+    with pytest.raises(ValueError, match="lacks tensor"):
+        from_huggingface(broken)
+    with keras.StatelessScope():
+        keras.Variable(initializer="zeros", shape=(2,))
+    model = from_huggingface(gpt2_folder)
+    reference = reference_model("gpt2")
+    expected = reference.transformer.wte.weight.detach().numpy()
+    embedding = model.backbone.token_embedding.embeddings
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(embedding), expected)
+    # Each variable owns writable memory: training updates it in place on every backend.
+    embedding.assign(embedding + 1.0)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(embedding), expected + 1.0)
+    if keras.config.backend() == "torch":  # torch.onnx and torch.export see every weight
+        parameters = {id(p) for p in model.parameters()}
+        assert all(id(v.value) in parameters for v in model.weights)
+
+
 def test_other_architectures_and_folders_are_refused(gpt2_folder, tmp_path):
     with pytest.raises(ValueError, match="config.json"):
         from_huggingface(tmp_path / "nowhere")
