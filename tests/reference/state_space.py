@@ -16,6 +16,8 @@ def discretize(discretization, dt, a, b):
     """`(Ā, B̄)` for a diagonal `A` (complex arrays, elementwise)."""
     if discretization == "euler":
         return 1 + dt * a, dt * b
+    if discretization == "zoh_euler":  # Mamba: Ā by zero-order hold, B̄ by Euler
+        return np.exp(dt * a), dt * b
     if discretization == "bilinear":
         return (1 + dt * a / 2) / (1 - dt * a / 2), dt * b / (1 - dt * a / 2)
     a_bar = np.exp(dt * a)
