@@ -132,3 +132,20 @@ def test_models_mamba_cannot_express_are_refused(tmp_path):
     for model in (lm(FeedForward(16)), lm(norm_placement="post"), lm(normalization="layer_norm")):
         with pytest.raises(ValueError, match="MambaMixer without a feedforward"):
             to_huggingface(model, tmp_path, family="mamba")
+
+
+def test_bfloat16_checkpoint_loads_into_the_model_dtype(tmp_path):
+    reference = causal_reference("mamba", seed=1).to(torch.bfloat16)
+    reference.save_pretrained(tmp_path)
+    model = from_huggingface(tmp_path, dtype="bfloat16")
+    assert model.dtype_policy.name == "bfloat16"
+    mixer = model.backbone.transformer_stack.blocks[0].mixer
+    assert keras.backend.standardize_dtype(mixer.a_log.dtype) == "bfloat16"
+    # The scan runs in float32 from the bfloat16 weights: close to the float32 model of the
+    # same (rounded) weights.
+    exact = from_huggingface(tmp_path)
+    ids, mask = batch(3)
+    half, full = keras_logits(model, ids, mask), keras_logits(exact, ids, mask)
+    real = mask.astype(bool)
+    assert np.all(np.isfinite(half))
+    np.testing.assert_allclose(half[real], full[real], atol=0.1, rtol=0.02)
