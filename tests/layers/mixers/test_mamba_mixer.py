@@ -202,7 +202,8 @@ def test_bad_constructor_arguments_raise(kwargs, name):
 @pytest.mark.parametrize("mask", bad_padding_masks(2, 5))
 def test_bad_padding_mask_raises(rng, mask):
     layer = MambaMixer(STATE)
-    raises_naming("padding_mask", lambda: layer(random_normal(rng, (2, 5, WIDTH)), padding_mask=mask))
+    x = random_normal(rng, (2, 5, WIDTH))
+    raises_naming("padding_mask", lambda: layer(x, padding_mask=mask))
 
 
 def test_bad_inputs_and_cache_raise(rng):
@@ -214,5 +215,7 @@ def test_bad_inputs_and_cache_raise(rng):
     raises_naming("inputs", lambda: layer(random_normal(rng, (2, WIDTH))))
     raises_naming("attention_mask", lambda: layer(step, attention_mask=np.ones((2, 1, 1), bool)))
     window, state = (keras.ops.convert_to_numpy(c) for c in layer.init_cache(2))
-    for bad in ((window,), (window, state[:1]), (window[..., :1], state), window, [window, state[0]]):
+    bad_caches = ((window,), (window, state[:1]), (window[..., :1], state), window,
+                  [window, state[0]])
+    for bad in bad_caches:
         raises_naming("cache", lambda: layer(step, cache=bad, cache_index=0))
