@@ -24,12 +24,14 @@ IMAGE, TEXT = 0, 1  # rows of the modality embedding
 
 def _gated_template(block, position):
     """A `GatedCrossAttentionBlock` around the decoder layer, whose cross-attention and
-    feedforward are copies of the layer's own attention and feedforward."""
+    feedforward are copies of the layer's own attention and feedforward (none when the layer
+    has none)."""
     with_cross = prepare_block(block, position, cross_attention=True)
+    feedforward = with_cross.feedforward
     return GatedCrossAttentionBlock(
         prepare_block(block, position),
         cross_attention=clone_layer(with_cross.cross_attention),
-        feedforward=clone_layer(with_cross.feedforward),
+        feedforward=None if feedforward is None else clone_layer(feedforward),
     )
 
 

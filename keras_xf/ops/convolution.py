@@ -40,10 +40,22 @@ def shifted_windows(padded, kernel_size):
     return ops.stack([padded[:, j:j + length] for j in range(kernel_size)], axis=2)
 
 
-def rolling_cache(padded, kernel_size):
+def rolling_cache(padded, kernel_size, padding_mask=None):
     """The last `K − 1` entries of a padded (history + new tokens) sequence, `[B, K − 1, C]`,
-    in float32: the cache for the next call."""
+    in float32: the cache for the next call.
+
+    With `padding_mask` `[B, T]` over the new tokens, each row's window ends at its last
+    valid token instead, so that right padding never enters the cache (entry `j` of row `b`
+    is `padded[b, e_b + j]`, `e_b` the number of positions up to its last valid token).
+    """
     batch, length, channels = ops.shape(padded)
     start = length - (kernel_size - 1)
-    window = ops.slice(padded, (0, start, 0), (batch, kernel_size - 1, channels))
-    return ops.cast(window, "float32")
+    if padding_mask is None or kernel_size == 1:
+        window = ops.slice(padded, (0, start, 0), (batch, kernel_size - 1, channels))
+        return ops.cast(window, "float32")
+    steps = ops.arange(1, ops.shape(padding_mask)[1] + 1, dtype="int32")
+    end = ops.max(ops.where(ops.cast(padding_mask, "bool"), steps[None, :], 0), axis=1)
+    indices = end[:, None] + ops.arange(kernel_size - 1, dtype="int32")[None, :]
+    indices = ops.expand_dims(indices, -1) + ops.zeros_like(padded[:, : kernel_size - 1],
+                                                            dtype="int32")
+    return ops.cast(ops.take_along_axis(padded, indices, axis=1), "float32")

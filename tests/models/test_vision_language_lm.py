@@ -289,3 +289,13 @@ def test_embedding_scale_multiplies_the_token_embeddings(rng):
                "token_ids": [[1, 5, 7], [1]]}
     assert model.generate(prompts, max_length=6) == model.generate(prompts, max_length=6,
                                                                    use_cache=False)
+
+
+def test_gated_template_from_a_block_without_feedforward_has_none(rng):
+    # TransformerBlock(mixer, None): the gated cross-attention block copies no feedforward.
+    block = TransformerBlock(MultiHeadAttention(HEADS), None, norm_placement="pre")
+    model = vision_lm("gated", block=block)
+    gated = [layer for layer in model._flatten_layers()
+             if isinstance(layer, GatedCrossAttentionBlock)]
+    assert len(gated) == 1 and gated[0].feedforward is None
+    assert np.all(np.isfinite(logits_of(model, batch(rng))))

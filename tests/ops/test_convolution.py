@@ -38,5 +38,17 @@ def test_history_and_rolling_cache():
     assert keras.backend.standardize_dtype(cache.dtype) == "float32"
     with pytest.raises(ValueError, match="causal=False"):
         pad_sequence(x, 3, False, history=history)
+
+
+def test_rolling_cache_ends_at_the_last_valid_token():
+    # Rows: all valid, right-padded after one token, fully padded; history -2, -1.
+    x = np.tile(np.arange(1, 4, dtype="float32")[None, :, None], (3, 1, 2))
+    history = np.tile(np.array([[[-2.0], [-1.0]]], "float32"), (3, 1, 2))
+    mask = np.array([[1, 1, 1], [1, 0, 0], [0, 0, 0]], bool)
+    padded = pad_sequence(x * mask[..., None], 3, True, history=history)
+    cache = keras.ops.convert_to_numpy(rolling_cache(padded, 3, mask))
+    np.testing.assert_array_equal(cache[..., 0], [[2, 3], [-1, 1], [-2, -1]])
+    np.testing.assert_array_equal(cache[..., 0], cache[..., 1])
+    assert tuple(rolling_cache(padded[:, :4], 1, mask).shape) == (3, 0, 2)
     with pytest.raises(ValueError, match="kernel_size=0"):
         convolution_padding(0, True)

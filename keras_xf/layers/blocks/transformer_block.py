@@ -27,7 +27,9 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
 
     Args:
         mixer: a `SequenceMixer` (e.g. `MultiHeadAttention`), or its serialised config.
-        feedforward: a `FeedForwardLayer` (`FeedForward`, `MixtureOfExperts`, …), or its config.
+        feedforward: a `FeedForwardLayer` (`FeedForward`, `MixtureOfExperts`, …), or its
+            config; `None` for a block without one, `H' = Layer_self(H)` (a Mamba block:
+            pre-norm, the mixer, the residual; `feedforward_residual` is then `None`).
         cross_attention: optional `SequenceMixer` (a `MultiHeadAttention`) attending to
             `encoder_outputs`.
         normalization: `"layer_norm"`, `"rms_norm"` or `"offset_rms_norm"` (see `Residual`).
@@ -77,7 +79,7 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         super().__init__(**kwargs)
         validate_normalization(normalization, norm_placement, dropout, epsilon)
         mixer = as_layer(mixer, "mixer", kind=SequenceMixer)
-        feedforward = as_layer(feedforward, "feedforward", kind=FeedForwardLayer)
+        feedforward = as_layer(feedforward, "feedforward", optional=True, kind=FeedForwardLayer)
         cross_attention = as_layer(
             cross_attention, "cross_attention", optional=True, kind=SequenceMixer
         )
@@ -106,7 +108,9 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         self.cross_attention_residual = None
         if cross_attention is not None:
             self.cross_attention_residual = residual(cross_attention, "cross_attention_residual")
-        self.feedforward_residual = residual(feedforward, "feedforward_residual")
+        self.feedforward_residual = None
+        if feedforward is not None:
+            self.feedforward_residual = residual(feedforward, "feedforward_residual")
 
     @property
     def mixer(self):
@@ -114,7 +118,8 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
 
     @property
     def feedforward(self):
-        return self.feedforward_residual.layer
+        residual = self.feedforward_residual
+        return None if residual is None else residual.layer
 
     @property
     def cross_attention(self):
@@ -133,7 +138,8 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
             if not self.cross_attention.built:
                 self.cross_attention.build(inputs_shape, encoder_outputs_shape)
             self.cross_attention_residual.build(inputs_shape)
-        self.feedforward_residual.build(inputs_shape)
+        if self.feedforward_residual is not None:
+            self.feedforward_residual.build(inputs_shape)
 
     def init_cache(self, batch_size, max_length, dtype=None, encoder_length=None):
         """The mixer's cache, paired with a cross-attention cache when there is one."""
@@ -197,8 +203,9 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
                 "encoder_outputs was given to a TransformerBlock without cross_attention."
             )
 
-        outputs = self.feedforward_residual(
-            outputs, training=training, **self._feedforward_kwargs(padding_mask, cache))
+        if self.feedforward_residual is not None:
+            outputs = self.feedforward_residual(
+                outputs, training=training, **self._feedforward_kwargs(padding_mask, cache))
         new_cache = new_self_cache
         if self.cross_attention is not None:
             new_cache = (new_self_cache, new_cross_cache)
@@ -231,7 +238,9 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         config.update(
             {
                 "mixer": keras.saving.serialize_keras_object(self.mixer),
-                "feedforward": keras.saving.serialize_keras_object(self.feedforward),
+                "feedforward": None
+                if self.feedforward is None
+                else keras.saving.serialize_keras_object(self.feedforward),
                 "cross_attention": None
                 if self.cross_attention is None
                 else keras.saving.serialize_keras_object(self.cross_attention),

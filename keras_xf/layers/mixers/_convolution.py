@@ -142,7 +142,7 @@ class SequenceConvolution(SequenceMixer):
             outputs = outputs * ops.cast(mask, outputs.dtype)
         if cache is None:
             return outputs
-        return outputs, rolling_cache(padded, self.kernel_size)
+        return outputs, rolling_cache(padded, self.kernel_size, padding_mask)
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)

@@ -34,7 +34,8 @@ class DepthwiseConvolution(SequenceConvolution):
     Call arguments:
         inputs: `[B, T, d]`.
         padding_mask: boolean `[B, T]`; padded positions are zeroed before the convolution
-            (they never reach valid ones) and in the output.
+            (they never reach valid ones) and in the output; with a cache, the new cache
+            ends at each row's last valid token (right padding never enters it).
         attention_mask: must be `None`.
         use_causal_mask: bool, `None` means `causal`.
         cache: `[B, K − 1, d]` from `init_cache` (causal form only): the preceding inputs.

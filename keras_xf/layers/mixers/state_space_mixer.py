@@ -18,7 +18,7 @@ from keras_xf.ops.scan import prefix_scan
 from keras_xf.ops.scan import scan_chunks
 
 INITS = ("s4d_lin", "s4d_inv", "s4d_real")
-DISCRETIZATIONS = ("zoh", "bilinear", "euler")
+DISCRETIZATIONS = ("zoh", "bilinear", "euler", "zoh_euler")
 
 
 def hippo_diagonal(init, state_size):
@@ -42,19 +42,31 @@ def _complex_mul(ar, ai, br, bi):
     return ar * br - ai * bi, ar * bi + ai * br
 
 
+def _zoh_state_matrix(zr, zi):
+    """`exp(ΔA)` for `ΔA = zr + i·zi` (`zi` None: real), as a (real, imaginary) pair."""
+    magnitude = ops.exp(zr)
+    if zi is None:
+        return magnitude, None
+    return magnitude * ops.cos(zi), magnitude * ops.sin(zi)
+
+
 def discretize(discretization, dt, a_real, a_imag, b_real, b_imag):
     """`(Ā, B̄)` of `dz/dt = zA + sB` with step `Δ`, elementwise for a diagonal `A`, as
     (real, imaginary) pairs; `a_imag`/`b_imag` may be None for real systems.
 
     Zero-order hold: `Ā = exp(ΔA)`, `B̄ = (ΔA)⁻¹(exp(ΔA) − 1)·ΔB`; bilinear (Tustin):
-    `Ā = (1 − ΔA/2)⁻¹(1 + ΔA/2)`, `B̄ = (1 − ΔA/2)⁻¹ΔB`; Euler: `Ā = 1 + ΔA`, `B̄ = ΔB`.
+    `Ā = (1 − ΔA/2)⁻¹(1 + ΔA/2)`, `B̄ = (1 − ΔA/2)⁻¹ΔB`; Euler: `Ā = 1 + ΔA`, `B̄ = ΔB`;
+    `"zoh_euler"`, Mamba's rule (survey §5.5.3; Gu & Dao 2023, §2 and §3.5): the state matrix
+    by zero-order hold and the input matrix by Euler's method, `Ā = exp(ΔA)`, `B̄ = ΔB` (the
+    first-order term of the zero-order hold's `B̄` for a small `ΔA`).
     """
     zr = dt * a_real
     zi = None if a_imag is None else dt * a_imag
-    if discretization == "euler":
-        a_bar = (1.0 + zr, zi)
+    if discretization in ("euler", "zoh_euler"):
         b_bar = (dt * b_real, None if b_imag is None else dt * b_imag)
-        return a_bar, b_bar
+        if discretization == "zoh_euler":
+            return _zoh_state_matrix(zr, zi), b_bar
+        return (1.0 + zr, zi), b_bar
     if discretization == "bilinear":
         if zi is None:
             denominator = 1.0 - zr / 2
@@ -66,12 +78,10 @@ def discretize(discretization, dt, a_real, a_imag, b_real, b_imag):
         b_bar = _complex_div(dt * b_real, dt * b_im, 1.0 - zr / 2, -zi / 2)
         return a_bar, b_bar
     # Zero-order hold.
-    magnitude = ops.exp(zr)
+    a_bar = _zoh_state_matrix(zr, zi)
     if zi is None:
-        a_bar = (magnitude, None)
-        factor = (magnitude - 1.0) / a_real  # (ΔA)⁻¹(exp(ΔA) − 1)Δ
+        factor = (a_bar[0] - 1.0) / a_real  # (ΔA)⁻¹(exp(ΔA) − 1)Δ
         return a_bar, (factor * b_real, None if b_imag is None else factor * b_imag)
-    a_bar = (magnitude * ops.cos(zi), magnitude * ops.sin(zi))
     factor = _complex_div(a_bar[0] - 1.0, a_bar[1], a_real, a_imag)
     b_im = ops.zeros_like(b_real) if b_imag is None else b_imag
     return a_bar, _complex_mul(factor[0], factor[1], b_real, b_im)
@@ -88,7 +98,8 @@ class StateSpaceMixer(SequenceMixer):
         z_t = z_{t−1} Ā + s_t B̄,   o_t = Re(z_t C) + s_t D                (discretised)
 
     `Ā, B̄` come from `A, B` and the learned step `Δt = exp(log_dt)` by zero-order hold,
-    the bilinear (Tustin) transform or Euler's method. The outputs `o` go through a
+    the bilinear (Tustin) transform, Euler's method, or Mamba's rule `"zoh_euler"`
+    (`Ā = exp(ΔA)` by zero-order hold, `B̄ = ΔB` by Euler; see `discretize`). The outputs `o` go through a
     linear output projection. `A` is complex diagonal, initialised from HiPPO (S4D-Lin
     `A_n = −1/2 + iπn`, S4D-Inv `A_n = −1/2 + i(N/π)(N/(2n+1) − 1)`) or real
     (S4D-Real `A_n = −(n+1)`); a complex `A`, `B`, `C` are held as separate real and
@@ -109,7 +120,7 @@ class StateSpaceMixer(SequenceMixer):
         state_size: int `N > 0`, the state size per channel.
         init: `"s4d_lin"`, `"s4d_inv"` or `"s4d_real"`; default `"s4d_lin"`, and
             `"s4d_real"` (the only choice) when `selective=True`.
-        discretization: `"zoh"`, `"bilinear"` or `"euler"`.
+        discretization: `"zoh"`, `"bilinear"`, `"euler"` or `"zoh_euler"` (Mamba's rule).
         selective: bool, input-dependent `Δ`, `B`, `C`.
         dt_min, dt_max: the range of the initial step `Δt` (log-uniform), `0 < dt_min ≤ dt_max`.
         method: the scan of the selective variant: `"chunked"`, `"associative"` or
@@ -405,50 +416,10 @@ class StateSpaceMixer(SequenceMixer):
         b_t = ops.matmul(x, self._weight(self.b_kernel))  # [B, T, N]
         c_t = ops.matmul(x, self._weight(self.c_kernel))
         a_real, _ = self._continuous_a()  # [d, N]
-        if self.method == "chunked" and x.shape[1] is not None:
-            return self._selective_by_chunks(x, dt, b_t, c_t, a_real, mask, cache)
-        a_bar, inputs = self._selective_terms(x, dt, b_t, a_real, mask)
-        states = linear_recurrence(
-            a_bar, inputs, initial_state=cache, method=self.method, chunk_size=self.chunk_size
+        return selective_scan(
+            x, dt, b_t, c_t, a_real, self.discretization, mask=mask, initial_state=cache,
+            method=self.method, chunk_size=self.chunk_size,
         )
-        y = ops.einsum("btdn,btn->btd", states, c_t)
-        return y, (None if cache is None else states[:, -1])
-
-    def _selective_terms(self, x, dt, b_t, a_real, mask):
-        """`Ā_t` and `B̄_t s_t`, `[B, T, d, N]`; padded steps hold the state (`Ā = 1`, and
-        nothing enters since `s_t = 0` there)."""
-        # `expand_dims` rather than `[..., None]`: in TensorFlow's graphs without XLA the
-        # gradient of an indexing op fills a zero tensor of its whole input.
-        (a_bar, _), (b_bar, _) = discretize(
-            self.discretization, ops.expand_dims(dt, -1), a_real, None, ops.ones_like(a_real), None
-        )
-        inputs = b_bar * ops.expand_dims(b_t, 2) * ops.expand_dims(x, -1)
-        if mask is not None:
-            a_bar = ops.where(ops.expand_dims(mask, -1) > 0, a_bar, 1.0)
-        return a_bar, inputs
-
-    def _selective_by_chunks(self, x, dt, b_t, c_t, a_real, mask, cache):
-        """The chunked scan fused with its read-out, one chunk at a time: the `[B, c, d, N]`
-        terms and states of a chunk are built, scanned in parallel from the entering state
-        `h` (`z_t = ẑ_t + (Ā_1 ⋯ Ā_t) h`), read out by `C_t` and dropped, so that nothing of
-        size `[B, T, d, N]` is formed and the time grows linearly with `T`."""
-        valid = ops.ones_like(dt[..., :1]) if mask is None else mask  # [B, T, 1]
-        batch = ops.shape(x)[0]
-        state = cache if cache is not None else ops.zeros((batch, self.width, self.state_size))
-
-        def step(state, chunk):
-            x_c, dt_c, b_c, c_c, valid_c = chunk
-            # The zero padding of the last chunk is marked invalid: the state is held there.
-            a_bar, inputs = self._selective_terms(x_c, dt_c, b_c, a_real, valid_c)
-            products, states = prefix_scan(a_bar, inputs)
-            states = states + products * ops.expand_dims(state, 1)
-            last = ops.squeeze(ops.split(states, [states.shape[1] - 1], axis=1)[1], 1)
-            return last, ops.einsum("btdn,btn->btd", states, c_c)
-
-        # A call shorter than a chunk (a decoding step) is one chunk of its own length.
-        chunk = min(self.chunk_size, int(x.shape[1]))
-        state, y = scan_chunks(step, state, (x, dt, b_t, c_t, valid), chunk)
-        return y, (None if cache is None else state)
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
@@ -500,3 +471,80 @@ def _causal_fft_convolution(x, kernel):
     f_re, f_im = ops.rfft(filt)
     y = ops.irfft(_complex_mul(s_re, s_im, f_re, f_im), fft_length=fft_length)
     return ops.transpose(y[..., :length], (0, 2, 1))
+
+
+def selective_scan(x, dt, b, c, a, discretization, mask=None, initial_state=None,
+                   method="chunked", chunk_size=64):
+    """The selective state-space recurrence of Mamba (survey §5.5.3), per channel `e` and
+    state entry `n`, in float32:
+
+        z_t = Ā_t ⊙ z_{t−1} + B̄_t s_t,   y_t = Σ_n z_{t,e,n} C_{t,n}
+
+    with `(Ā_t, B̄_t) = discretize(discretization, Δ_t, A, B_t)` elementwise.
+
+    Args:
+        x: inputs `s`, `[B, T, E]` float32 (zero at padded steps).
+        dt: steps `Δ`, `[B, T, E]` float32 (already positive).
+        b, c: the input-dependent `B_t` and `C_t`, `[B, T, N]`.
+        a: the real diagonal state matrix `A`, `[E, N]`.
+        discretization: one of `DISCRETIZATIONS`.
+        mask: optional float `[B, T, 1]`, 0 at padded steps, where the state is held
+            (`Ā = 1`; nothing enters since `s_t = 0` there).
+        initial_state: optional `z_0`, `[B, E, N]`; the final state is returned only when
+            it is given (the cache of a decoding call).
+        method: `"chunked"` (one chunk at a time, `keras_xf.ops.scan_chunks`, needs a static
+            length), `"associative"` or `"sequential"` (`keras_xf.ops.linear_recurrence`).
+        chunk_size: positive int for `"chunked"`.
+
+    Returns:
+        `(y [B, T, E], z_T [B, E, N] or None)`.
+    """
+    if method == "chunked" and x.shape[1] is not None:
+        return _selective_by_chunks(x, dt, b, c, a, discretization, mask, initial_state,
+                                    chunk_size)
+    a_bar, inputs = _selective_terms(x, dt, b, a, discretization, mask)
+    states = linear_recurrence(
+        a_bar, inputs, initial_state=initial_state, method=method, chunk_size=chunk_size
+    )
+    y = ops.einsum("btdn,btn->btd", states, c)
+    return y, (None if initial_state is None else states[:, -1])
+
+
+def _selective_terms(x, dt, b, a, discretization, mask):
+    """`Ā_t` and `B̄_t s_t`, `[B, T, E, N]`; padded steps hold the state (`Ā = 1`, and
+    nothing enters since `s_t = 0` there)."""
+    # `expand_dims` rather than `[..., None]`: in TensorFlow's graphs without XLA the
+    # gradient of an indexing op fills a zero tensor of its whole input.
+    (a_bar, _), (b_bar, _) = discretize(
+        discretization, ops.expand_dims(dt, -1), a, None, ops.ones_like(a), None
+    )
+    inputs = b_bar * ops.expand_dims(b, 2) * ops.expand_dims(x, -1)
+    if mask is not None:
+        a_bar = ops.where(ops.expand_dims(mask, -1) > 0, a_bar, 1.0)
+    return a_bar, inputs
+
+
+def _selective_by_chunks(x, dt, b, c, a, discretization, mask, initial_state, chunk_size):
+    """The chunked scan fused with its read-out, one chunk at a time: the `[B, c, E, N]`
+    terms and states of a chunk are built, scanned in parallel from the entering state
+    `h` (`z_t = ẑ_t + (Ā_1 ⋯ Ā_t) h`), read out by `C_t` and dropped, so that nothing of
+    size `[B, T, E, N]` is formed and the time grows linearly with `T`."""
+    valid = ops.ones_like(dt[..., :1]) if mask is None else mask  # [B, T, 1]
+    batch = ops.shape(x)[0]
+    state = initial_state
+    if state is None:
+        state = ops.zeros((batch, x.shape[-1], a.shape[-1]))
+
+    def step(state, chunk):
+        x_c, dt_c, b_c, c_c, valid_c = chunk
+        # The zero padding of the last chunk is marked invalid: the state is held there.
+        a_bar, inputs = _selective_terms(x_c, dt_c, b_c, a, discretization, valid_c)
+        products, states = prefix_scan(a_bar, inputs)
+        states = states + products * ops.expand_dims(state, 1)
+        last = ops.squeeze(ops.split(states, [states.shape[1] - 1], axis=1)[1], 1)
+        return last, ops.einsum("btdn,btn->btd", states, c_c)
+
+    # A call shorter than a chunk (a decoding step) is one chunk of its own length.
+    chunk = min(chunk_size, int(x.shape[1]))
+    state, y = scan_chunks(step, state, (x, dt, b, c, valid), chunk)
+    return y, (None if initial_state is None else state)

@@ -8,6 +8,7 @@ from keras_xf.models.huggingface import bloom
 from keras_xf.models.huggingface import gemma
 from keras_xf.models.huggingface import gpt2
 from keras_xf.models.huggingface import llama
+from keras_xf.models.huggingface import mamba
 from keras_xf.models.huggingface import mixtral
 from keras_xf.models.huggingface import t5
 from keras_xf.models.huggingface import vit
@@ -20,7 +21,7 @@ from keras_xf.models.huggingface.safetensors_folder import SafetensorsFolder
 # `hf_config(model)`; a family whose model depends on the tensors present (T5 1.1's own
 # `lm_head`) also has `build_from_folder(folder, dtype)`.
 FAMILIES = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "mixtral": mixtral, "t5": t5,
-            "vit": vit, "bert": bert, "bloom": bloom}
+            "vit": vit, "bert": bert, "bloom": bloom, "mamba": mamba}
 # Architectures of a known family that keras_xf refuses, with the reason.
 REFUSED = {**bert.REFUSED}
 
@@ -58,7 +59,7 @@ def from_huggingface(directory, dtype=None):
 
     Returns:
         The task model, built from the model classes: a `CausalLM` (GPT-2; Llama, Mistral
-        and Qwen2; Gemma; Mixtral; BLOOM), a `Seq2SeqLM` (T5 1.0 and 1.1), a
+        and Qwen2; Gemma; Mixtral; BLOOM; Mamba), a `Seq2SeqLM` (T5 1.0 and 1.1), a
         `VisionClassifier` (ViT) or a `TextEncoder` (BERT, RoBERTa, XLM-RoBERTa: its output
         is the pooler's, its backbone's the last hidden state).
 
@@ -94,7 +95,8 @@ def to_huggingface(model, directory, family=None, dtype=None):
             non-causal `TransformerBackbone`).
         directory: the folder to write (created if needed).
         family: a key of `FAMILIES` (`"gpt2"`, `"llama"`, `"gemma"`, `"mixtral"`, `"t5"`,
-            `"vit"`, `"bert"`, `"bloom"`); by default the first family that expresses `model`.
+            `"vit"`, `"bert"`, `"bloom"`, `"mamba"`); by default the first family that
+            expresses `model`.
         dtype: NumPy dtype name of the written tensors (`"float32"`, `"float16"`); the
             variables' own dtype when `None` (bfloat16 variables are written as float32).
 

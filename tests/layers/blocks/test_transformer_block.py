@@ -382,8 +382,26 @@ def test_invalid_arguments(kwargs, pattern):
 
 
 def test_missing_sublayers():
-    with pytest.raises(ValueError, match="feedforward=None"):
-        TransformerBlock(MultiHeadAttention(HEADS), None)
+    with pytest.raises(ValueError, match="mixer=None"):
+        TransformerBlock(None, FeedForward(HIDDEN))
+
+
+@pytest.mark.parametrize("norm_placement", ["pre", "post"])
+def test_a_block_without_feedforward_is_the_mixer_residual(rng, norm_placement):
+    # feedforward=None: H' = Layer_self(H) (a Mamba block when pre-norm).
+    block = TransformerBlock(MultiHeadAttention(HEADS), None, normalization="rms_norm",
+                             norm_placement=norm_placement, epsilon=EPSILON)
+    x = rng.normal(size=(BATCH, LENGTH, WIDTH)).astype("float32")
+    out = block(x, use_causal_mask=True)
+    assert block.feedforward is None and block.feedforward_residual is None
+    expected = block.mixer_residual(x, use_causal_mask=True)
+    np.testing.assert_allclose(to_numpy(out), to_numpy(expected), atol=1e-6)
+    assert {w.path.split("/")[1] for w in block.weights} == {"mixer_residual"}
+    clone = check_config_round_trip(block)
+    assert clone.get_config()["feedforward"] is None
+    cache = block.init_cache(BATCH, LENGTH)
+    step, _ = block(x[:, :1], cache=cache, cache_index=0)
+    np.testing.assert_allclose(to_numpy(step), to_numpy(out)[:, :1], atol=1e-5)
 
 
 def test_wrong_input_rank():

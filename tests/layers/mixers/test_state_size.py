@@ -9,6 +9,7 @@ import pytest
 
 from keras_xf.layers import FeedForward
 from keras_xf.layers import LinearAttention
+from keras_xf.layers import MambaMixer
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import StateSpaceMixer
 from keras_xf.layers import TransformerBlock
@@ -25,6 +26,7 @@ MIXERS = {
         H, decay="gated", causal=True, key_convolution=4),
     "ssm_time_invariant": lambda: StateSpaceMixer(4),
     "ssm_selective": lambda: StateSpaceMixer(4, selective=True),
+    "mamba": lambda: MambaMixer(4),
 }
 
 
@@ -38,7 +40,7 @@ def _bytes(cache):
 
 @pytest.mark.parametrize("name", ["gated_linear_attention",
                                   "gated_linear_attention_key_convolution", "ssm_time_invariant",
-                                  "ssm_selective"])
+                                  "ssm_selective", "mamba"])
 def test_state_size_is_independent_of_max_length(rng, name):
     layer = MIXERS[name]()
     layer.build((B, None, D))

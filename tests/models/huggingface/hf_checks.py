@@ -62,6 +62,17 @@ CONFIGS = {  # name: a `transformers` config of a tiny causal LM
     "bloom_6_heads_untied": lambda: transformers.BloomConfig(
         vocab_size=VOCAB, hidden_size=24, n_layer=2, n_head=6, tie_word_embeddings=False,
         layer_norm_epsilon=1e-6),
+    # A state of 4, a convolution of 3 taps, the step rank "auto" (⌈24 / 16⌉ = 2), a
+    # convolution bias and tied embeddings (greedy generation varies its tokens).
+    "mamba": lambda: transformers.MambaConfig(
+        vocab_size=VOCAB, hidden_size=24, state_size=4, num_hidden_layers=2, expand=2,
+        conv_kernel=3),
+    # Biased projections, no convolution bias, a step rank of 3, an untied output projection
+    # and another epsilon.
+    "mamba_biased_untied": lambda: transformers.MambaConfig(
+        vocab_size=VOCAB, hidden_size=16, state_size=3, num_hidden_layers=2, expand=1,
+        conv_kernel=4, time_step_rank=3, use_bias=True, use_conv_bias=False,
+        tie_word_embeddings=False, layer_norm_epsilon=1e-6),
 }
 
 
