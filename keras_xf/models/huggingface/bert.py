@@ -5,7 +5,10 @@ Both are post-norm encoders (survey §2.4, `LNorm(F(x) + x)`) with exact-GELU fe
 biased attention projections, learned positions, segment (token-type) embeddings and a
 LayerNorm of the summed embeddings (survey §6). The `TextEncoder` head is the pooler,
 `tanh(W · h_0 + b)` of the first token, so the encoder's output is `pooler_output` and its
-backbone's output is `last_hidden_state`.
+backbone's output is `last_hidden_state`. A checkpoint saved without pooler
+(`add_pooling_layer=False`) gives a `TextEncoder` without projection, whose output is the
+first token's state `h_0`. Older writers' names (a `bert.` / `roberta.` prefix,
+`LayerNorm.gamma` / `.beta`) are read as today's (`current_name`).
 
 RoBERTa differs only in its positions: `transformers` numbers the real tokens from
 `pad_token_id + 1` (non-pad tokens counted in order), which for right-padded batches is

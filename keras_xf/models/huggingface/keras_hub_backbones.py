@@ -297,7 +297,8 @@ def from_keras_hub(backbone, dtype=None):
             biases or with non-square images).
 
     Example:
-    >>> backbone = keras_hub.models.BertBackbone.from_preset("bert_tiny_en_uncased")  # doctest: +SKIP
+    >>> backbone = keras_hub.models.BertBackbone.from_preset(
+    ...     "bert_tiny_en_uncased")  # doctest: +SKIP
     >>> encoder = from_keras_hub(backbone)  # doctest: +SKIP
     """
     try:

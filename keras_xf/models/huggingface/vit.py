@@ -1,5 +1,6 @@
 """ViT (`ViTForImageClassification`) ↔ a pre-norm `VisionClassifier` with a `[CLS]` token
-that has a position of its own.
+that has a position of its own; the encoder alone (`ViTModel` saved without pooler, names
+without `vit.`) ↔ its `VisionBackbone`, whose output is `last_hidden_state`.
 
 The checkpoint's patch projection is a `Conv2d` weight `[d, C, P, P]`; keras_xf's
 `PatchEmbedding` flattens each patch as `(row, column, channel)` into a `[P·P·C, d]` kernel.

@@ -251,5 +251,6 @@ def test_legacy_tensor_names_load(bert_folder, tmp_path):
         from_huggingface(folder)
     rewrite(folder, lambda t: [t.pop("embeddings.LayerNorm.weight"),
                                t.pop("bert.encoder.layer.0.output.LayerNorm.beta")])
-    with pytest.raises(ValueError, match=r"lacks tensor 'encoder\.layer\.0\.output\.LayerNorm\.bias"):
+    with pytest.raises(ValueError,
+                       match=r"lacks tensor 'encoder\.layer\.0\.output\.LayerNorm\.bias'"):
         from_huggingface(folder)

@@ -24,7 +24,8 @@ def vit_config():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
-    model = perturbed(transformers.ViTForImageClassification(vit_config()))  # a [CLS] token not zero
+    # Perturbed: a [CLS] token not zero.
+    model = perturbed(transformers.ViTForImageClassification(vit_config()))
     folder = tmp_path_factory.mktemp("vit")
     model.save_pretrained(folder)
     return folder, model
