@@ -5,13 +5,18 @@ Both are post-norm encoders (survey §2.4, `LNorm(F(x) + x)`) with exact-GELU fe
 biased attention projections, learned positions, segment (token-type) embeddings and a
 LayerNorm of the summed embeddings (survey §6). The `TextEncoder` head is the pooler,
 `tanh(W · h_0 + b)` of the first token, so the encoder's output is `pooler_output` and its
-backbone's output is `last_hidden_state`.
+backbone's output is `last_hidden_state`. A checkpoint saved without pooler
+(`add_pooling_layer=False`) gives a `TextEncoder` without projection, whose output is the
+first token's state `h_0`. Older writers' names (a `bert.` / `roberta.` prefix,
+`LayerNorm.gamma` / `.beta`) are read as today's (`current_name`).
 
 RoBERTa differs only in its positions: `transformers` numbers the real tokens from
 `pad_token_id + 1` (non-pad tokens counted in order), which for right-padded batches is
 `position_offset = pad_token_id + 1`. Its single token-type row is `num_segments=1`: the
 row is added to every token and the model takes no `segment_ids` input.
 """
+
+import re
 
 import numpy as np
 
@@ -54,8 +59,30 @@ def _position_offset(config):
     return 0
 
 
-def build(config, dtype=None):
-    """The `TextEncoder` of a BERT, RoBERTa or XLM-RoBERTa config (a `config.json` dict)."""
+def current_name(name):
+    """A checkpoint tensor's name as `BertModel` writes it today: without the base-model
+    prefix (`bert.`, `roberta.`) that a `BertForPreTraining`-style model saves its encoder
+    under, and with TensorFlow-era `LayerNorm.gamma` / `LayerNorm.beta` as `.weight` /
+    `.bias`."""
+    for prefix in ("bert.", "roberta."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
+    return re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+
+
+def build_from_folder(folder, dtype=None):
+    """`build`, with BERT's pooler when the checkpoint has one (a `BertModel` saved with
+    `add_pooling_layer=False` has none: its `TextEncoder` outputs the `[CLS]` state)."""
+    names = {current_name(name) for name in folder.keys()}
+    pooler = any(name.startswith("pooler.") for name in names)
+    return build(folder.config, dtype=dtype, pooler=pooler)
+
+
+def build(config, dtype=None, pooler=True):
+    """The `TextEncoder` of a BERT, RoBERTa or XLM-RoBERTa config (a `config.json` dict),
+    with BERT's pooler as its projection when `pooler`, else outputting the `[CLS]` state."""
     _check(config)
     width = config["hidden_size"]
     epsilon = config.get("layer_norm_eps", 1e-12)
@@ -72,6 +99,8 @@ def build(config, dtype=None):
         embedding_normalization="layer_norm", embedding_epsilon=epsilon,
         position_offset=_position_offset(config), dtype=dtype,
     )
+    if not pooler:
+        return TextEncoder(backbone, pooling="cls", normalize=False, dtype=dtype)
     return TextEncoder(backbone, pooling="cls", projection_dim=width,
                        projection_activation="tanh", normalize=False, dtype=dtype)
 
@@ -114,7 +143,7 @@ def tensor_map(model, config):
     if isinstance(model, TextEncoder) and model.projection is not None:
         entries += parts.dense("pooler.dense", model.projection)
     # The position-id buffer that older checkpoints saved.
-    return TensorMap(entries, ignored=[r"embeddings\.position_ids"])
+    return TensorMap(entries, ignored=[r"embeddings\.position_ids"], alias=current_name)
 
 
 def _fits(backbone):

@@ -60,8 +60,10 @@ def from_huggingface(directory, dtype=None):
     Returns:
         The task model, built from the model classes: a `CausalLM` (GPT-2; Llama, Mistral
         and Qwen2; Gemma; Mixtral; BLOOM; Mamba), a `Seq2SeqLM` (T5 1.0 and 1.1), a
-        `VisionClassifier` (ViT) or a `TextEncoder` (BERT, RoBERTa, XLM-RoBERTa: its output
-        is the pooler's, its backbone's the last hidden state).
+        `VisionClassifier` (`ViTForImageClassification`), a `VisionBackbone` (a `ViTModel`
+        saved without pooler: `last_hidden_state`) or a `TextEncoder` (BERT, RoBERTa,
+        XLM-RoBERTa: its output is the pooler's, or the `[CLS]` state for a folder saved
+        without pooler; its backbone's the last hidden state).
 
     Raises:
         ValueError: a folder of another architecture, or a tensor that is missing, left
@@ -71,8 +73,13 @@ def from_huggingface(directory, dtype=None):
     >>> model = from_huggingface("path/to/llama")  # doctest: +SKIP
     >>> model.generate(["..."], max_length=32)  # doctest: +SKIP
     """
-    folder = SafetensorsFolder(directory)
-    family, architecture = _family_of(folder.config, directory)
+    return load_checkpoint(SafetensorsFolder(directory), dtype=dtype)
+
+
+def load_checkpoint(folder, dtype=None):
+    """The task model of a `SafetensorsFolder` or an in-memory `ArrayCheckpoint` (see
+    `from_huggingface`)."""
+    family, architecture = _family_of(folder.config, folder.directory)
     try:
         # Variables take their first value from the checkpoint: no random weights beside it.
         with built_without_values():

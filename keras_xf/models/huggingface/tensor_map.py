@@ -68,6 +68,35 @@ def _private(value, sources, dtype):
     return np.array(value, dtype, order="C")
 
 
+class ArrayCheckpoint:
+    """A checkpoint held in memory, `{name: array}` and its `config.json` dict, that stands
+    in for a `SafetensorsFolder` (a keras-hub backbone's weights under Hugging Face names).
+
+    Args:
+        config: the Hugging Face config dict.
+        tensors: `{checkpoint tensor name: NumPy array}`.
+        directory: how messages name the checkpoint's source.
+    """
+
+    def __init__(self, config, tensors, directory="memory"):
+        self.config, self.directory = config, directory
+        self._tensors = dict(tensors)
+
+    def keys(self):
+        return sorted(self._tensors)
+
+    def __contains__(self, name):
+        return name in self._tensors
+
+    def shape(self, name):
+        return tuple(np.shape(self._tensors[name]))
+
+    def __getitem__(self, name):
+        if name not in self._tensors:
+            raise ValueError(f"The checkpoint in {self.directory} has no tensor {name!r}.")
+        return self._tensors[name]
+
+
 class TensorMap:
     """Every tensor of a checkpoint family, each mapped to the variables it fills.
 
@@ -75,21 +104,39 @@ class TensorMap:
         entries: `Entry` objects.
         ignored: regular expressions of checkpoint tensors that carry nothing to load
             (buffers that a framework saves, an output projection tied to the embeddings).
+        alias: optional function from a checkpoint's tensor name to the name `entries` use
+            (older writers' names); two tensors with one alias raise a `ValueError`.
     """
 
-    def __init__(self, entries, ignored=()):
+    def __init__(self, entries, ignored=(), alias=None):
         self.entries = list(entries)
         self.ignored = [re.compile(p) for p in ignored]
+        self.alias = alias
 
     def _is_ignored(self, name):
         return any(p.fullmatch(name) for p in self.ignored)
 
+    def _stored_names(self, folder):
+        """`{name the entries use: name in the folder}`."""
+        if self.alias is None:
+            return {name: name for name in folder.keys()}
+        stored = {}
+        for name in folder.keys():
+            alias = self.alias(name)
+            if alias in stored:
+                raise ValueError(f"The checkpoint in {folder.directory} holds both "
+                                 f"{stored[alias]!r} and {name!r}, two names of {alias!r}.")
+            stored[alias] = name
+        return stored
+
     def load(self, folder, architecture):
-        """Assigns every variable from `folder` (a `SafetensorsFolder`); raises a `ValueError`
-        naming the tensor that is missing, of the wrong shape, or left unused."""
+        """Assigns every variable from `folder` (a `SafetensorsFolder` or `ArrayCheckpoint`);
+        raises a `ValueError` naming the tensor that is missing, of the wrong shape, or left
+        unused."""
+        stored = self._stored_names(folder)
         for entry in self.entries:
             for name in entry.names:
-                if name not in folder:
+                if name not in stored:
                     raise ValueError(
                         f"The {architecture} checkpoint in {folder.directory} lacks tensor "
                         f"{name!r}."
@@ -97,10 +144,10 @@ class TensorMap:
         # Largest tensors first: their conversion buffers come and go while few variables
         # hold memory, so the peak is the weights plus the copies of a small tensor.
         entries = sorted(self.entries, key=lambda e: -sum(
-            int(np.prod(folder.shape(n))) for n in e.names))
+            int(np.prod(folder.shape(stored[n]))) for n in e.names))
         used = set()
         for entry in entries:
-            arrays = [folder[name] for name in entry.names]
+            arrays = [folder[stored[name]] for name in entry.names]
             try:
                 values = entry.to_model(arrays)
             except ValueError as error:
@@ -115,7 +162,8 @@ class TensorMap:
                 fill(variable, values[i])
                 values[i] = None  # one tensor at a time beside the variables
             used.update(entry.names)
-        unused = [n for n in folder.keys() if n not in used and not self._is_ignored(n)]
+        unused = [stored[n] for n in sorted(stored)
+                  if n not in used and not self._is_ignored(n)]
         if unused:
             raise ValueError(
                 f"The {architecture} checkpoint in {folder.directory} has tensors that no "

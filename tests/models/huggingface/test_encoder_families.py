@@ -74,14 +74,16 @@ def batch(config, seed=0):
 
 
 def reference_outputs(model, inputs):
-    """`(last_hidden_state, pooler_output)` of a `transformers` model."""
+    """`(last_hidden_state, pooler_output or None)` of a `transformers` model."""
     arguments = {"input_ids": torch.tensor(inputs["token_ids"], dtype=torch.long),
                  "attention_mask": torch.tensor(inputs["padding_mask"], dtype=torch.long)}
     if "segment_ids" in inputs:
         arguments["token_type_ids"] = torch.tensor(inputs["segment_ids"], dtype=torch.long)
     with torch.no_grad():
         out = model(**arguments)
-    return out.last_hidden_state.float().numpy(), out.pooler_output.float().numpy()
+    pooled = out.pooler_output  # None without pooler
+    return (out.last_hidden_state.float().numpy(),
+            None if pooled is None else pooled.float().numpy())
 
 
 def keras_outputs(model, inputs):
@@ -202,3 +204,53 @@ def test_models_bert_cannot_express_are_refused(tmp_path):
                                 norm_placement="pre", epsilon=1e-6)
     with pytest.raises(ValueError, match="post-norm LayerNorm blocks"):
         to_huggingface(encoder_backbone(block=pre_norm), tmp_path, family="bert")
+
+
+def test_encoders_saved_without_pooler_load_and_write_back(tmp_path):
+    """`BertModel(add_pooling_layer=False)`: a `TextEncoder` without projection, whose output
+    is the `[CLS]` state, written back without `pooler.*`."""
+    torch.manual_seed(0)
+    reference = perturbed(transformers.BertModel(CONFIGS["bert"](), add_pooling_layer=False))
+    reference.save_pretrained(tmp_path / "in")
+    model = from_huggingface(tmp_path / "in")
+    assert isinstance(model, TextEncoder) and model.projection is None
+    inputs = batch(reference.config)
+    expected, _ = reference_outputs(reference, inputs)
+    hidden, output = keras_outputs(model, inputs)
+    assert_logits_equal(hidden, expected, inputs["padding_mask"])
+    np.testing.assert_allclose(output, expected[:, 0], atol=1e-4, rtol=1e-4)
+    assert to_huggingface(model, tmp_path / "out") == "BertModel"
+    reloaded = transformers.BertModel.from_pretrained(tmp_path / "out",
+                                                      add_pooling_layer=False).eval()
+    assert_logits_equal(reference_outputs(reloaded, inputs)[0], expected,
+                        inputs["padding_mask"], atol=1e-5)
+    again = from_huggingface(tmp_path / "out")
+    assert again.projection is None
+
+
+def legacy_names(tensors):
+    """`BertForPreTraining`-era names: the `bert.` prefix and `LayerNorm.gamma` / `.beta`."""
+    for name in list(tensors):
+        legacy = "bert." + name.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta")
+        tensors[legacy] = tensors.pop(name)
+
+
+def test_legacy_tensor_names_load(bert_folder, tmp_path):
+    folder = tmp_path / "legacy"
+    shutil.copytree(bert_folder, folder)
+    rewrite(folder, legacy_names)
+    legacy, current = from_huggingface(folder), from_huggingface(bert_folder)
+    inputs = batch(transformers.BertConfig(**SIZES, type_vocab_size=2), seed=3)
+    for actual, expected in zip(keras_outputs(legacy, inputs), keras_outputs(current, inputs)):
+        np.testing.assert_array_equal(actual, expected)
+    # One tensor under both names is refused, and a missing one is named as written today.
+    rewrite(folder, lambda t: t.update({"embeddings.LayerNorm.weight":
+                                        t["bert.embeddings.LayerNorm.gamma"]}))
+    with pytest.raises(ValueError, match=r"holds both .*'embeddings\.LayerNorm\.weight'"):
+        from_huggingface(folder)
+    rewrite(folder, lambda t: [t.pop("embeddings.LayerNorm.weight"),
+                               t.pop("bert.encoder.layer.0.output.LayerNorm.beta")])
+    with pytest.raises(ValueError,
+                       match=r"lacks tensor 'encoder\.layer\.0\.output\.LayerNorm\.bias'"):
+        from_huggingface(folder)

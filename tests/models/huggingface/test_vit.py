@@ -1,4 +1,5 @@
-"""ViT checkpoints (`ViTForImageClassification`) ↔ keras_xf `VisionClassifier`."""
+"""ViT checkpoints (`ViTForImageClassification`) ↔ keras_xf `VisionClassifier`, and the
+encoder alone (`ViTModel` without pooler) ↔ `VisionBackbone`."""
 
 import keras
 import numpy as np
@@ -7,19 +8,24 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from keras_xf.models import VisionBackbone  # noqa: E402
 from keras_xf.models import VisionClassifier  # noqa: E402
 from keras_xf.models import from_huggingface  # noqa: E402
 from keras_xf.models import to_huggingface  # noqa: E402
 from tests.models.huggingface.hf_checks import perturbed  # noqa: E402
 
 
+def vit_config():
+    return transformers.ViTConfig(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
+        image_size=8, patch_size=4, num_channels=3, num_labels=5)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
-    config = transformers.ViTConfig(
-        hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
-        image_size=8, patch_size=4, num_channels=3, num_labels=5)
-    model = perturbed(transformers.ViTForImageClassification(config))  # a [CLS] token not zero
+    # Perturbed: a [CLS] token not zero.
+    model = perturbed(transformers.ViTForImageClassification(vit_config()))
     folder = tmp_path_factory.mktemp("vit")
     model.save_pretrained(folder)
     return folder, model
@@ -58,3 +64,30 @@ def test_a_classifier_vit_cannot_express_is_refused(tmp_path):
                              hidden_dim=8, num_heads=2, intermediate_dim=16)
     with pytest.raises(ValueError, match="ViT needs .*own position"):
         to_huggingface(model, tmp_path, family="vit")
+
+
+def test_encoders_without_pooler_load_as_a_backbone_and_write_back(tmp_path):
+    torch.manual_seed(0)
+    reference = perturbed(transformers.ViTModel(vit_config(), add_pooling_layer=False))
+    reference.save_pretrained(tmp_path / "in")
+    model = from_huggingface(tmp_path / "in")
+    assert isinstance(model, VisionBackbone)
+    x = images(2)
+
+    def hidden(vit):
+        with torch.no_grad():
+            pixels = torch.tensor(x.transpose(0, 3, 1, 2))
+            return vit(pixel_values=pixels).last_hidden_state.numpy()
+
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model({"images": x})),
+                               hidden(reference), atol=1e-4, rtol=1e-4)
+    assert to_huggingface(model, tmp_path / "out") == "ViTModel"
+    reloaded = transformers.ViTModel.from_pretrained(tmp_path / "out",
+                                                     add_pooling_layer=False).eval()
+    np.testing.assert_allclose(hidden(reloaded), hidden(reference), atol=1e-6)
+
+
+def test_an_encoder_with_pooler_is_refused(tmp_path):
+    transformers.ViTModel(vit_config()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="ViTModel checkpoint .* has a pooler"):
+        from_huggingface(tmp_path)
