@@ -8,8 +8,12 @@ against `[batch, b]` queries. The helpers here declare the shared dimensions and
 what Keras supports on each backend. Inputs whose dimensions after the batch are static
 (`images` `[batch, H, W, C]` of a `VisionClassifier`) keep only the batch dynamic.
 
-| backend    | `export_saved_model`          | `export_onnx`                    | `export_torch` |
+`model.export(path, format=...)` (Keras' signature, overridden by keras_xf's
+`FunctionalModel`) goes through `export_model` to the functions below:
+
+| backend    | `"tf_saved_model"` (default)  | `"onnx"`                         | `"torch"`      |
 |------------|-------------------------------|----------------------------------|----------------|
+|            | `export_saved_model`          | `export_onnx`                    | `export_torch` |
 | tensorflow | yes, dynamic batch and length | no: convert the SavedModel       | no             |
 | jax        | yes, dynamic batch and length | no: convert the SavedModel       | no             |
 | torch      | no (Keras needs `torch_xla`)  | yes, dynamic batch and length    | yes (`.pt2`)   |
@@ -18,8 +22,7 @@ Every unsupported combination raises a `ValueError` that says why and what to us
 See `docs/export.md`.
 
 Example:
->>> from keras_xf.export import export_saved_model
->>> export_saved_model(lm, "/tmp/lm")                         # TensorFlow or JAX backend
+>>> lm.export("/tmp/lm")                   # TensorFlow or JAX backend: export_saved_model
 >>> import tensorflow as tf
 >>> tf.saved_model.load("/tmp/lm").serve({"token_ids": ids, "padding_mask": mask})
 """
@@ -31,23 +34,66 @@ import keras
 SEQUENCE_INPUT_SUFFIXES = ("token_ids", "padding_mask", "segment_ids")
 
 
-def export_saved_model(model, path, verbose=False, **kwargs):
+def export_model(model, filepath, format="tf_saved_model", verbose=None, input_signature=None,
+                 **kwargs):
+    """What `model.export(filepath, format, verbose, input_signature, **kwargs)` does for a
+    keras_xf model (`FunctionalModel.export`): Keras' `export` with keras_xf's dynamic shapes.
+
+    - `"tf_saved_model"` (the default; TensorFlow and JAX): `export_saved_model`.
+    - `"onnx"` (PyTorch): `export_onnx`; `opset_version` is its keyword.
+    - `"torch"` (PyTorch): `export_torch`; other keywords go to `torch.export.export`.
+    - `"openvino"`, `"litert"`: Keras' own export, unchanged.
+
+    A model whose inputs are not a dict (`VisionBackbone` takes one image tensor) has no
+    shared dimensions to declare and goes to Keras' own export as it is.
+
+    Raises:
+        ValueError: for a format the backend cannot export (`"tf_saved_model"` on PyTorch,
+            `"onnx"` on TensorFlow / JAX, `"torch"` on TensorFlow / JAX), saying what to use.
+    """
+    if not isinstance(getattr(model, "_inputs_struct", None), dict):
+        return keras.Model.export(model, filepath, format=format, verbose=verbose,
+                                  input_signature=input_signature, **kwargs)
+    if format == "tf_saved_model":
+        return export_saved_model(model, filepath, verbose=verbose,
+                                  input_signature=input_signature, **kwargs)
+    if format == "onnx":
+        if input_signature is not None and keras.config.backend() == "torch":
+            raise ValueError(
+                "model.export(format='onnx') on PyTorch derives the ONNX inputs itself (dynamic "
+                "batch and lengths, see keras_xf.export.export_onnx). Received: "
+                f"input_signature={input_signature!r}. For Keras' fixed-shape ONNX export call "
+                "keras.Model.export(model, path, format='onnx', input_signature=...)."
+            )
+        return export_onnx(model, filepath, verbose=bool(verbose), **kwargs)
+    if format == "torch":
+        return export_torch(model, filepath, verbose=verbose, input_signature=input_signature,
+                            **kwargs)
+    return keras.Model.export(model, filepath, format=format, verbose=verbose,
+                              input_signature=input_signature, **kwargs)
+
+
+def export_saved_model(model, path, verbose=False, input_signature=None, **kwargs):
     """Writes a TensorFlow SavedModel whose `serve` endpoint runs `model` (inference mode).
 
-    The endpoint takes a dict of int32 tensors named as the model's inputs and accepts any
-    batch size and sequence length (each sequence's inputs sharing theirs). On JAX the
-    computation is lowered with `jax2tf` (native serialization, for the platform JAX runs on);
-    pass `jax2tf_kwargs` to change that (e.g. `{"native_serialization_platforms": ("cpu",
+    `model.export(path)` (the default format) comes here for keras_xf models. The endpoint
+    takes a dict of int32 tensors named as the model's inputs and accepts any batch size and
+    sequence length (each sequence's inputs sharing theirs). On JAX the computation is
+    lowered with `jax2tf` (native serialization, for the platform JAX runs on); pass
+    `jax2tf_kwargs` to change that (e.g. `{"native_serialization_platforms": ("cpu",
     "cuda")}`). keras_xf fills in `polymorphic_shapes` (shared batch and per-sequence length
-    symbols), `polymorphic_constraints` (each length at most the backbone's
-    `max_sequence_length`) and `with_gradient=False` (the artefact serves inference; jax2tf
-    loses the constraints when it converts the gradient) unless you give them.
+    symbols for the free dimensions of the signature), `polymorphic_constraints` (each length
+    at most the backbone's `max_sequence_length`) and `with_gradient=False` (the artefact
+    serves inference; jax2tf loses the constraints when it converts the gradient) unless you
+    give them.
 
     Args:
         model: a built functional keras_xf model (`CausalLM`, `Seq2SeqLM`, ...).
         path: the SavedModel folder to write.
         verbose: bool, whether Keras prints the endpoint summary.
-        **kwargs: passed on to `model.export(..., format="tf_saved_model")`.
+        input_signature: `[{name: keras.InputSpec}]`; defaults to `input_signature(model)`
+            (every dimension but fixed feature sizes free).
+        **kwargs: passed on to Keras' `export(..., format="tf_saved_model")`.
 
     Returns:
         `path`. Load it with `tf.saved_model.load(path).serve(inputs)`.
@@ -58,27 +104,39 @@ def export_saved_model(model, path, verbose=False, **kwargs):
     backend = keras.config.backend()
     if backend == "torch":
         raise ValueError(
-            "export_saved_model is not supported on the PyTorch backend: Keras exports a "
-            "torch model as a SavedModel only through `torch_xla` (StableHLO), which has no "
-            "release for this torch version, and its torch SavedModel path does not accept "
-            "dict inputs. Use keras_xf.export.export_onnx (ONNX) or export_torch (.pt2) "
-            "instead, or export from the TensorFlow or JAX backend."
+            "A SavedModel (model.export(path), format='tf_saved_model') cannot be written from "
+            "the PyTorch backend: Keras exports a torch model as a SavedModel only through "
+            "`torch_xla` (StableHLO), which has no release for this torch version, and its "
+            "torch SavedModel path does not accept dict inputs. Use "
+            "model.export(path, format='onnx') (keras_xf.export.export_onnx) or "
+            "model.export('model.pt2', format='torch') (export_torch) instead, or export from "
+            "the TensorFlow or JAX backend."
         )
     if backend not in ("tensorflow", "jax"):
         raise ValueError(
             f"export_saved_model needs the TensorFlow or JAX backend. Received: {backend}"
         )
-    signature = input_signature(model)
+    if input_signature is None:
+        input_signature = _free_signature(model)
     if backend == "jax":
-        jax2tf_kwargs = dict(kwargs.pop("jax2tf_kwargs", None) or {})
-        jax2tf_kwargs.setdefault("polymorphic_shapes", [_polymorphic_shapes(model)])
-        jax2tf_kwargs.setdefault("polymorphic_constraints", _length_constraints(model))
-        # An inference artefact: jax2tf's gradient function drops the constraints above.
-        jax2tf_kwargs.setdefault("with_gradient", False)
-        kwargs["jax2tf_kwargs"] = jax2tf_kwargs
-    model.export(str(path), format="tf_saved_model", input_signature=signature, verbose=verbose,
-                 **kwargs)
+        kwargs["jax2tf_kwargs"] = _jax2tf_kwargs(model, input_signature,
+                                                 kwargs.get("jax2tf_kwargs"))
+    keras.Model.export(model, str(path), format="tf_saved_model",
+                       input_signature=input_signature, verbose=verbose, **kwargs)
     return path
+
+
+def _jax2tf_kwargs(model, signature, given=None):
+    """`jax2tf_kwargs` with keras_xf's defaults filled in where `given` has none."""
+    jax2tf_kwargs = dict(given or {})
+    shapes = _polymorphic_shapes(model, signature)
+    if shapes is not None:
+        jax2tf_kwargs.setdefault("polymorphic_shapes", [shapes])
+        jax2tf_kwargs.setdefault("polymorphic_constraints",
+                                  _length_constraints(model, signature))
+    # An inference artefact: jax2tf's gradient function drops the constraints above.
+    jax2tf_kwargs.setdefault("with_gradient", False)
+    return jax2tf_kwargs
 
 
 def export_onnx(model, path, opset_version=None, verbose=False):
@@ -110,10 +168,11 @@ def export_onnx(model, path, opset_version=None, verbose=False):
     backend = keras.config.backend()
     if backend != "torch":
         raise ValueError(
-            f"keras_xf.export.export_onnx supports the PyTorch backend only. Received: {backend}. "
+            "keras_xf.export.export_onnx (model.export(format='onnx')) supports the PyTorch "
+            f"backend only. Received: {backend}. "
             "On TensorFlow and JAX, Keras' ONNX export needs `tf2onnx` / `jax2onnx` (not part "
             "of keras_xf's set-up), and Keras' JAX ONNX path gives each input its own length. "
-            "Export a SavedModel with export_saved_model and convert it: "
+            "Export a SavedModel with model.export(path) (export_saved_model) and convert it: "
             "`python -m tf2onnx.convert --saved-model PATH --output model.onnx`."
         )
     for package in ("onnx", "onnxscript"):
@@ -134,17 +193,20 @@ def export_onnx(model, path, opset_version=None, verbose=False):
     return path
 
 
-def export_torch(model, path, verbose=False):
+def export_torch(model, path, verbose=False, input_signature=None, **kwargs):
     """Writes a `torch.export` ExportedProgram (`.pt2`, PyTorch backend) with dynamic shapes.
 
     This is Keras' `model.export(path, format="torch")` with keras_xf's shared batch / length
-    dimensions. Load it with `torch.export.load(path).module()` and call that with the dict of
-    int32 tensors.
+    dimensions (what `model.export(path, format="torch")` does for keras_xf models). Load it
+    with `torch.export.load(path).module()` and call that with the dict of int32 tensors.
 
     Args:
         model: a built functional keras_xf model.
         path: the file to write; must end with `.pt2`.
         verbose: bool, whether Keras prints a message.
+        input_signature: defaults to `input_signature(model)`; with a signature of your own,
+            `dynamic_shapes` is not filled in (pass it in `kwargs`).
+        **kwargs: passed to `torch.export.export` (`strict`, `dynamic_shapes`, ...).
 
     Returns:
         `path`.
@@ -155,15 +217,18 @@ def export_torch(model, path, verbose=False):
     backend = keras.config.backend()
     if backend != "torch":
         raise ValueError(
-            f"export_torch needs the PyTorch backend (torch.export). Received: {backend}. "
-            "Use export_saved_model on TensorFlow and JAX."
+            f"export_torch (model.export(format='torch')) needs the PyTorch backend "
+            f"(torch.export). Received: {backend}. Use model.export(path) (a SavedModel, "
+            "export_saved_model) on TensorFlow and JAX."
         )
     if not str(path).endswith(".pt2"):
         raise ValueError(f"export_torch writes a `.pt2` file. Received: path={path}")
-    dynamic_shapes, _ = _torch_dynamic_shapes(model)
+    if input_signature is None:
+        input_signature = _free_signature(model)
+        kwargs.setdefault("dynamic_shapes", [(_torch_dynamic_shapes(model)[0],)])
     with _quiet_torch_export():
-        model.export(str(path), format="torch", input_signature=input_signature(model),
-                     verbose=verbose, dynamic_shapes=[(dynamic_shapes,)])
+        keras.Model.export(model, str(path), format="torch", input_signature=input_signature,
+                           verbose=verbose, **kwargs)
     return path
 
 
@@ -171,6 +236,11 @@ def input_signature(model):
     """`[{name: keras.InputSpec([None, None], dtype, name=name)}]`: the model's dict inputs,
     with every dimension but fixed feature sizes left free (Keras' export convention: one
     positional argument holding the whole dict)."""
+    return _free_signature(model)
+
+
+def _free_signature(model):
+    # A second name: `export_saved_model` and `export_torch` take an `input_signature` argument.
     inputs = _dict_inputs(model)
     return [
         {
@@ -223,23 +293,34 @@ def _dict_inputs(model):
     return inputs
 
 
-def _polymorphic_shapes(model):
-    """jax2tf `polymorphic_shapes` for the dict argument, e.g. `"(batch, length)"`."""
+def _polymorphic_shapes(model, signature):
+    """jax2tf `polymorphic_shapes` for the dict argument, e.g. `"(batch, length)"`: the free
+    dimensions of `signature` get keras_xf's shared symbols, the others their size. `None`
+    when `signature` is not one dict with the model's input names (Keras' defaults apply)."""
     inputs = _dict_inputs(model)
+    if not (isinstance(signature, (list, tuple)) and len(signature) == 1
+            and isinstance(signature[0], dict) and set(signature[0]) == set(inputs)):
+        return None
     shapes = {}
     for name, dims in sequence_dimensions(model).items():
-        static = [str(size) for size in inputs[name].shape[len(dims):]]
-        shapes[name] = f"({', '.join(list(dims) + static)})"
+        sizes = tuple(signature[0][name].shape)
+        symbols = list(dims) + [None] * (len(sizes) - len(dims))
+        shapes[name] = "({})".format(", ".join(
+            str(size) if size is not None or symbol is None else symbol
+            for size, symbol in zip(sizes, symbols)
+        ))
     return shapes
 
 
-def _length_constraints(model):
-    """`("length <= 512", ...)`: lengths fit the backbone's position table (learned positions
-    slice it, which jax2tf must prove in bounds)."""
+def _length_constraints(model, signature):
+    """`("length <= 512", ...)` for the lengths left free in `signature`: lengths fit the
+    backbone's position table (learned positions slice it, which jax2tf must prove in
+    bounds)."""
     max_length = _max_length(model)
     if max_length is None:
         return ()
-    lengths = sorted({dims[1] for dims in sequence_dimensions(model).values() if len(dims) > 1})
+    lengths = sorted({dims[1] for name, dims in sequence_dimensions(model).items()
+                      if len(dims) > 1 and tuple(signature[0][name].shape)[1] is None})
     return tuple(f"{length} <= {max_length}" for length in lengths)
 
 
