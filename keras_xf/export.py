@@ -73,33 +73,49 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
                               input_signature=input_signature, **kwargs)
 
 
-def export_saved_model(model, path, verbose=False, input_signature=None, **kwargs):
-    """Writes a TensorFlow SavedModel whose `serve` endpoint runs `model` (inference mode).
+def export_saved_model(model, path, verbose=False, input_signature=None, generate_sampler=None,
+                       **kwargs):
+    """Writes a TensorFlow SavedModel whose `serve` endpoint runs `model` (inference mode), and
+    for a generating task (`CausalLM`, `Seq2SeqLM`, `VisionLanguageLM`) a `generate` endpoint.
 
-    `model.export(path)` (the default format) comes here for keras_xf models. The endpoint
-    takes a dict of int32 tensors named as the model's inputs and accepts any batch size and
-    sequence length (each sequence's inputs sharing theirs). On JAX the computation is
-    lowered with `jax2tf` (native serialization, for the platform JAX runs on); pass
-    `jax2tf_kwargs` to change that (e.g. `{"native_serialization_platforms": ("cpu",
-    "cuda")}`). keras_xf fills in `polymorphic_shapes` (shared batch and per-sequence length
-    symbols for the free dimensions of the signature), `polymorphic_constraints` (each length
-    at most the backbone's `max_sequence_length`) and `with_gradient=False` (the artefact
-    serves inference; jax2tf loses the constraints when it converts the gradient) unless you
-    give them.
+    `model.export(path)` (the default format) comes here for keras_xf models. `serve` takes a
+    dict of int32 tensors named as the model's inputs and accepts any batch size and sequence
+    length (each sequence's inputs sharing theirs). On JAX the computation is lowered with
+    `jax2tf` (native serialization, for the platform JAX runs on); pass `jax2tf_kwargs` to
+    change that (e.g. `{"native_serialization_platforms": ("cpu", "cuda")}`). keras_xf fills
+    in `polymorphic_shapes` (shared batch and per-sequence length symbols for the free
+    dimensions of the signature), `polymorphic_constraints` (each length at most the
+    backbone's `max_sequence_length`) and `with_gradient=False` (the artefact serves
+    inference; jax2tf loses the constraints when it converts the gradient) unless you give
+    them.
+
+    `generate` (see `generate_signature`) runs `model.generate`'s cached loop with the sampler
+    fixed at export time: it takes the prompts in keras-hub's dict form plus `max_length`,
+    `stop_token_ids` and `seed`, and returns `{ids, mask}` as `model.generate` does for a
+    dict. `generate_step` is the loop on prompts already packed (left-aligned at the output
+    width, `stop_token_ids` holding at least one id: `[-1]` for none).
 
     Args:
         model: a built functional keras_xf model (`CausalLM`, `Seq2SeqLM`, ...).
         path: the SavedModel folder to write.
         verbose: bool, whether Keras prints the endpoint summary.
-        input_signature: `[{name: keras.InputSpec}]`; defaults to `input_signature(model)`
-            (every dimension but fixed feature sizes free).
-        **kwargs: passed on to Keras' `export(..., format="tf_saved_model")`.
+        input_signature: `[{name: keras.InputSpec}]` of `serve`; defaults to
+            `input_signature(model)` (every dimension but fixed feature sizes free).
+        generate_sampler: the sampler of `generate`: `"greedy"`, `"random"`, `"top_k"`,
+            `"top_p"` or such a keras-hub sampler (its `k`, `p`, `temperature` are fixed in
+            the artefact; its seed comes from the `seed` input); `None`: the model's compile
+            sampler (greedy by default); `False`: no `generate` endpoint.
+        **kwargs: passed on to Keras' `ExportArchive.add_endpoint` (`jax2tf_kwargs`,
+            `is_static`).
 
     Returns:
-        `path`. Load it with `tf.saved_model.load(path).serve(inputs)`.
+        `path`. Load it with `tf.saved_model.load(path)`; call `.serve(inputs)` and
+        `.generate(inputs)`.
 
     Raises:
-        ValueError: on the PyTorch backend (see `export_onnx` and `export_torch`).
+        ValueError: on the PyTorch backend (see `export_onnx` and `export_torch`), or for a
+            `generate_sampler` that is not one of the four above (beam search) or given for a
+            model that does not generate.
     """
     backend = keras.config.backend()
     if backend == "torch":
@@ -116,27 +132,235 @@ def export_saved_model(model, path, verbose=False, input_signature=None, **kwarg
         raise ValueError(
             f"export_saved_model needs the TensorFlow or JAX backend. Received: {backend}"
         )
+    sampler = _generate_sampler(model, generate_sampler)
     if input_signature is None:
         input_signature = _free_signature(model)
+    given_jax2tf_kwargs = kwargs.pop("jax2tf_kwargs", None)
     if backend == "jax":
-        kwargs["jax2tf_kwargs"] = _jax2tf_kwargs(model, input_signature,
-                                                 kwargs.get("jax2tf_kwargs"))
-    keras.Model.export(model, str(path), format="tf_saved_model",
-                       input_signature=input_signature, verbose=verbose, **kwargs)
+        kwargs["jax2tf_kwargs"] = _jax2tf_kwargs(model, input_signature, given_jax2tf_kwargs)
+    with _portable_top_k():  # endpoints are traced as late as `write_out`
+        archive = keras.export.ExportArchive()
+        archive.track_and_add_endpoint("serve", model, input_signature, **kwargs)
+        if sampler is not None:
+            _add_generate_endpoints(archive, model, sampler, given_jax2tf_kwargs)
+        archive.write_out(str(path), verbose=True if verbose is None else verbose)
     return path
 
 
-def _jax2tf_kwargs(model, signature, given=None):
-    """`jax2tf_kwargs` with keras_xf's defaults filled in where `given` has none."""
+class _portable_top_k:
+    """On JAX, `keras.ops.top_k` (top-k / top-p samplers, expert routers) computed with a
+    stable sort while exporting.
+
+    `jax.lax.top_k` lowers to `chlo.top_k`, which this JAX serializes as a StableHLO
+    `composite` that the TensorFlow runtime's (older) StableHLO cannot read back, so the
+    SavedModel fails when called. A stable descending sort gives the same values and
+    indices (ties: lower index first). Nothing changes on other backends."""
+
+    def __enter__(self):
+        self._original = None
+        if keras.config.backend() != "jax":
+            return self
+        import jax
+        import jax.numpy as jnp
+
+        def top_k(x, k, sorted=True):
+            x = jnp.asarray(x)
+            indices = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype="int32"), x.shape)
+            values, indices = jax.lax.sort((-x, indices), dimension=x.ndim - 1,
+                                           is_stable=True, num_keys=1)
+            return -values[..., :k], indices[..., :k]
+
+        self._original = keras.ops.top_k
+        keras.ops.top_k = top_k
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._original is not None:
+            keras.ops.top_k = self._original
+        return False
+
+
+def _jax2tf_kwargs(model, signature, given=None, extra_shapes=None):
+    """`jax2tf_kwargs` with keras_xf's defaults filled in where `given` has none;
+    `extra_shapes` adds polymorphic shapes for inputs that are not the model's."""
     jax2tf_kwargs = dict(given or {})
     shapes = _polymorphic_shapes(model, signature)
     if shapes is not None:
-        jax2tf_kwargs.setdefault("polymorphic_shapes", [shapes])
+        jax2tf_kwargs.setdefault("polymorphic_shapes", [{**shapes, **(extra_shapes or {})}])
         jax2tf_kwargs.setdefault("polymorphic_constraints",
                                   _length_constraints(model, signature))
     # An inference artefact: jax2tf's gradient function drops the constraints above.
     jax2tf_kwargs.setdefault("with_gradient", False)
     return jax2tf_kwargs
+
+
+# Exported generation -----------------------------------------------------------------------
+# Samplers whose loop is keras-hub's `(prompt, cache, index, mask)` loop (not beam search).
+GENERATE_SAMPLERS = ("greedy", "random", "top_k", "top_p")
+
+
+def generate_signature(model):
+    """`{name: tf.TensorSpec}` of the `generate` endpoint: the model's inputs (the prompt ids
+    and int32 mask under `model.prompt_keys`, and the task's other inputs), `max_length`
+    (int32 scalar: the output width), `stop_token_ids` (int32 `[S]`, empty for none) and
+    `seed` (int32 scalar: the sampler's seed, as `TopKSampler(seed=seed)`)."""
+    import tensorflow as tf
+
+    specs = {name: tf.TensorSpec(spec.shape, spec.dtype, name=name)
+             for name, spec in _free_signature(model)[0].items()}
+    return {**specs,
+            "max_length": tf.TensorSpec((), tf.int32, name="max_length"),
+            "stop_token_ids": tf.TensorSpec((None,), tf.int32, name="stop_token_ids"),
+            "seed": tf.TensorSpec((), tf.int32, name="seed")}
+
+
+def _generate_sampler(model, sampler):
+    """The sampler of the `generate` endpoint, or `None` for no endpoint."""
+    from keras_xf.generation.sampling import get_sampler
+
+    generates = callable(getattr(model, "generate_step", None)) and hasattr(model, "prompt_keys")
+    if sampler is False or (sampler is None and not generates):
+        return None
+    if not generates:
+        raise ValueError(
+            "generate_sampler is for models that generate (CausalLM, Seq2SeqLM, "
+            f"VisionLanguageLM). Received: generate_sampler={sampler!r} for {type(model).__name__}"
+        )
+    resolved = model.sampler if sampler is None else get_sampler(sampler)
+    import keras_hub
+
+    kinds = (keras_hub.samplers.GreedySampler, keras_hub.samplers.RandomSampler,
+             keras_hub.samplers.TopKSampler, keras_hub.samplers.TopPSampler)
+    if type(resolved) not in kinds:
+        raise ValueError(
+            f"The exported generate endpoint supports the samplers {GENERATE_SAMPLERS}. "
+            f"Received: generate_sampler={sampler!r} ({type(resolved).__name__}); pass "
+            "generate_sampler= one of those, or False for no generate endpoint."
+        )
+    return resolved
+
+
+def _seeded_sampler(model, sampler, seed):
+    """A copy of `sampler` whose loop starts its seed generators at `[seed, 0]` (the state of
+    `SeedGenerator(seed)`) and carries them as loop variables.
+
+    A SavedModel endpoint cannot keep the sampler's seed state in a variable, and a loop
+    body cannot update one that a `StatelessScope` maps (the body is traced once). The model
+    weights are read before the loop and mapped in the body's scope, so that on JAX they stay
+    the archive's stateless inputs.
+    """
+    import copy
+
+    from keras import ops
+
+    seed_variables = list(sampler.variables)
+    weights = list(model.variables)
+
+    def run_loop(cond, body, model=None, loop_vars=None, maximum_iterations=None):
+        values = [(variable, variable.value) for variable in weights]
+        states = [ops.cast(ops.stack([seed, ops.zeros_like(seed)]), variable.dtype)
+                  for variable in seed_variables]
+
+        def seeded_cond(states, *loop_vars):
+            return cond(*loop_vars)
+
+        def seeded_body(states, *loop_vars):
+            mapping = values + list(zip(seed_variables, states))
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                loop_vars = body(*loop_vars)
+            states = [scope.get_current_value(variable) for variable in seed_variables]
+            return (states, *loop_vars)
+
+        _, *loop_vars = ops.while_loop(seeded_cond, seeded_body, (states, *loop_vars),
+                                       maximum_iterations=maximum_iterations)
+        return loop_vars
+
+    seeded = copy.copy(sampler)
+    seeded.run_loop = run_loop
+    return seeded
+
+
+def _add_generate_endpoints(archive, model, sampler, jax2tf_kwargs=None):
+    """Adds `generate_step` (the cached loop of `model.generate_step` on packed prompts,
+    lowered with jax2tf on JAX) and `generate` (TensorFlow ops that pack the prompts to
+    `max_length`, around `generate_step`)."""
+    import tensorflow as tf
+
+    from keras_xf.generation.prompts import prefill_length
+
+    ids_key, mask_key = model.prompt_keys
+    recurrent = model._has_recurrent_cache()
+
+    def generate_step(inputs):
+        inputs = dict(inputs)
+        stop_token_ids = inputs.pop("stop_token_ids")
+        seed = inputs.pop("seed")
+        # A recurrent state must see each token once: the loop feeds the prompt from 1.
+        start = 1 if recurrent else prefill_length(inputs[mask_key])
+        return model.generate_step(inputs, stop_token_ids=stop_token_ids,
+                                   sampler=_seeded_sampler(model, sampler, seed),
+                                   use_cache=True, prefill_length=start)
+
+    if keras.config.backend() == "tensorflow":
+        # XLA, as `model.generate` compiles it: the same kernels, hence the same random draws
+        # for a seed (TensorFlow's stateless random ops differ between XLA and its own
+        # kernels). A SavedModel keeps the function's jit_compile flag.
+        generate_step = tf.function(generate_step, jit_compile=True, autograph=False)
+
+    signature = generate_signature(model)
+    step_signature = {name: spec for name, spec in signature.items() if name != "max_length"}
+    kwargs = {}
+    if keras.config.backend() == "jax":
+        # jax2tf dimension variables are at least 1: `generate` passes `[-1, *stop ids]`.
+        kwargs["jax2tf_kwargs"] = _jax2tf_kwargs(
+            model, _free_signature(model), jax2tf_kwargs,
+            extra_shapes={"stop_token_ids": "(stops,)", "seed": "()"})
+    step = archive.add_endpoint("generate_step", generate_step, [step_signature], **kwargs)
+
+    pad = model.pad_token_id
+    extra_sequences = sorted({name[: -len("token_ids")] for name in _dict_inputs(model)
+                              if name.endswith("token_ids") and name != ids_key})
+
+    def left_aligned(token_ids, padding_mask):
+        # Prompt tokens first, in order (a stable sort of "is padding"), as `pack_prompts`.
+        mask = tf.cast(padding_mask, tf.bool)
+        order = tf.argsort(tf.cast(tf.logical_not(mask), tf.int32), axis=1, stable=True)
+        mask = tf.gather(mask, order, batch_dims=1)
+        token_ids = tf.gather(token_ids, order, batch_dims=1)
+        return tf.where(mask, token_ids, tf.cast(pad, token_ids.dtype)), mask
+
+    @tf.function(autograph=False)
+    def generate(inputs):
+        inputs = dict(inputs)
+        max_length = inputs.pop("max_length")
+        stop_token_ids = inputs.pop("stop_token_ids")
+        seed = inputs.pop("seed")
+        token_ids, mask = left_aligned(inputs.pop(ids_key), inputs.pop(mask_key))
+        lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
+        checks = [
+            tf.debugging.assert_positive(
+                lengths, message=f"Every prompt in {ids_key} needs at least one token"),
+            tf.debugging.assert_less_equal(
+                lengths, max_length, message=f"A prompt in {ids_key} is longer than max_length"),
+        ]
+        with tf.control_dependencies(checks):
+            extra = tf.maximum(max_length - tf.shape(token_ids)[1], 0)
+            token_ids = tf.pad(token_ids, [[0, 0], [0, extra]], constant_values=pad)
+            mask = tf.pad(mask, [[0, 0], [0, extra]])
+        packed = {ids_key: token_ids[:, :max_length],
+                  mask_key: tf.cast(mask[:, :max_length], tf.int32)}
+        for prefix in extra_sequences:  # Seq2SeqLM's source: packed as `generate` packs it
+            ids, extra_mask = left_aligned(inputs.pop(f"{prefix}token_ids"),
+                                           inputs.pop(f"{prefix}padding_mask"))
+            packed.update({f"{prefix}token_ids": ids,
+                           f"{prefix}padding_mask": tf.cast(extra_mask, tf.int32)})
+        outputs = step({**packed, **inputs,
+                        "stop_token_ids": tf.concat([[-1], stop_token_ids], axis=0),
+                        "seed": seed})
+        return {ids_key: outputs[ids_key], mask_key: tf.cast(outputs[mask_key], tf.bool)}
+
+    generate.get_concrete_function(signature)
+    archive.add_endpoint("generate", generate)
 
 
 def export_onnx(model, path, opset_version=None, verbose=False):
