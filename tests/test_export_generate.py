@@ -1,9 +1,11 @@
 """Exported generation: the SavedModel's `generate` endpoint gives `model.generate`'s tokens.
 
-One export per sampler and backend (module fixture), served in one subprocess that imports
-TensorFlow and not keras_xf. Greedy: token-for-token equal to `model.generate` (right- and
-left-padded prompts, output width above, at and below the prompts' width, stop ids, a
-one-token prompt); top-k and top-p: equal to `model.generate` with a sampler of the same seed.
+One export per model, sampler and backend (module fixture), served in one subprocess that
+imports TensorFlow and not keras_xf. `CausalLM`, greedy: token-for-token equal to
+`model.generate` (right- and left-padded prompts, output width above, at and below the
+prompts' width, stop ids, a one-token prompt); top-k and top-p: equal to `model.generate` with
+a sampler of the same seed. `Seq2SeqLM` and `VisionLanguageLM` (cross-attention fusion),
+greedy: equal to `model.generate`.
 """
 
 import json
@@ -16,8 +18,11 @@ import numpy as np
 import pytest
 
 from keras_xf.models import GenerativeTask
+from keras_xf.models import VisionLanguageLM
+from tests.models.tiny import SIZES
 from tests.models.tiny import causal_lm
 from tests.models.tiny import randomize_embeddings
+from tests.models.tiny import seq2seq_lm
 from tests.models.tiny import text_classifier
 
 BACKEND = keras.config.backend()
@@ -43,7 +48,8 @@ for name, path in request["paths"].items():
     loaded = tf.saved_model.load(path)  # kept: its variables live as long as it does
     results[name] = []
     for case in request["cases"][name]:
-        inputs = {key: tf.constant(value, tf.int32) for key, value in case.items()}
+        inputs = {key: tf.constant(value, tf.float32 if key == "images" else tf.int32)
+                  for key, value in case.items()}
         outputs = loaded.generate(inputs)
         results[name].append({key: np.asarray(value).astype(int).tolist()
                               for key, value in outputs.items()})
@@ -69,9 +75,28 @@ def model_inputs(ids):
     return {"token_ids": ids, "padding_mask": (ids != 0).astype("int32")}
 
 
-def endpoint_case(ids, max_length, stops, seed=0):
-    return {**{key: value.tolist() for key, value in model_inputs(ids).items()},
+def endpoint_case(ids, max_length, stops, seed=0, inputs=None):
+    inputs = model_inputs(ids) if inputs is None else inputs
+    return {**{key: np.asarray(value).tolist() for key, value in inputs.items()},
             "max_length": max_length, "stop_token_ids": list(stops), "seed": seed}
+
+
+def other_tasks():
+    """`{name: (model, inputs of generate, max_length)}`: greedy cases of the other tasks."""
+    rng = np.random.default_rng(1)
+    source = np.array([[5, 6, 7, 8, 0, 0], [0, 9, 10, 11, 12, 13]], "int32")  # one left-padded
+    target = np.array([[1, 4, 0], [1, 0, 0]], "int32")
+    seq2seq = {"encoder_token_ids": source, "encoder_padding_mask": (source != 0).astype("int32"),
+               "decoder_token_ids": target, "decoder_padding_mask": (target != 0).astype("int32")}
+    vision = VisionLanguageLM(**{**SIZES, "num_layers": 1}, image_shape=(4, 4, 3), patch_size=2,
+                              fusion="cross_attention")
+    images = rng.uniform(size=(2, 4, 4, 3)).astype("float32")
+    prompt = np.array([[1, 5, 7], [1, 0, 0]], "int32")
+    return {
+        "seq2seq_lm": (randomize_embeddings(seq2seq_lm(start_token_id=1)), seq2seq, 8),
+        "vision_language_lm": (randomize_embeddings(vision),
+                               {"images": images, **model_inputs(prompt)}, 8),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +125,11 @@ def served(tmp_path_factory):
 
     cases = {"greedy": [], "top_k": [], "top_p": []}
     expected = {"greedy": [], "top_k": [], "top_p": []}
+    for name, (task, inputs, max_length) in other_tasks().items():
+        paths[name] = str(folder / name)
+        task.export(paths[name], verbose=False)
+        expected[name] = [task.generate(inputs, max_length=max_length)]
+        cases[name] = [endpoint_case(None, max_length, [], inputs=inputs)]
     for _, ids, max_length, stops in prompts():
         expected["greedy"].append(model.generate(model_inputs(ids), max_length=max_length))
         cases["greedy"].append(endpoint_case(ids, max_length, stops))
@@ -128,9 +158,9 @@ def served(tmp_path_factory):
 
 
 def check_equal(expected, actual):
-    np.testing.assert_array_equal(np.asarray(actual["token_ids"]), expected["token_ids"])
-    np.testing.assert_array_equal(np.asarray(actual["padding_mask"]).astype(bool),
-                                  expected["padding_mask"])
+    assert sorted(actual) == sorted(expected)  # ids and mask, named as `prompt_keys`
+    for key, value in expected.items():
+        np.testing.assert_array_equal(np.asarray(actual[key]).astype(value.dtype), value)
 
 
 def test_served_without_keras_xf(served):
@@ -156,6 +186,12 @@ def test_sampled_tokens_equal_generate_with_the_same_seed(served, sampler):
     _, expected, results, _, _ = served
     for want, got in zip(expected[sampler], results[sampler]):
         check_equal(want, got)
+
+
+@pytest.mark.parametrize("task", ["seq2seq_lm", "vision_language_lm"])
+def test_other_tasks_greedy_tokens_equal_generate(served, task):
+    _, expected, results, _, _ = served
+    check_equal(expected[task][0], results[task][0])
 
 
 def test_seeds_change_sampled_tokens(served):
