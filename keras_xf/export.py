@@ -359,7 +359,11 @@ def _add_generate_endpoints(archive, model, sampler, jax2tf_kwargs=None):
                         "seed": seed})
         return {ids_key: outputs[ids_key], mask_key: tf.cast(outputs[mask_key], tf.bool)}
 
-    generate.get_concrete_function(signature)
+    generate.get_concrete_function(signature)  # the first: the serving signature
+    # A bool padding mask is accepted too (keras-hub's generate takes either).
+    generate.get_concrete_function({
+        name: tf.TensorSpec(spec.shape, tf.bool, name=name) if name.endswith("padding_mask")
+        else spec for name, spec in signature.items()})
     archive.add_endpoint("generate", generate)
 
 

@@ -216,6 +216,17 @@ def test_prompt_longer_than_max_length_is_refused(served):
         loaded.generate({key: tf.constant(value, tf.int32) for key, value in inputs.items()})
 
 
+def test_bool_padding_mask_gives_the_same_tokens(served):
+    import tensorflow as tf
+
+    _, expected, _, _, paths = served
+    loaded = tf.saved_model.load(paths["greedy"])
+    case = endpoint_case(*prompts()[1][1:])
+    inputs = {key: tf.constant(value, tf.int32) for key, value in case.items()}
+    inputs["padding_mask"] = tf.cast(inputs["padding_mask"], tf.bool)
+    check_equal(expected["greedy"][1], loaded.generate(inputs))
+
+
 def test_generate_sampler_errors(tmp_path):
     model = causal_lm(num_layers=1)
     assert isinstance(model, GenerativeTask)
