@@ -44,8 +44,8 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
     - `"torch"` (PyTorch): `export_torch`; other keywords go to `torch.export.export`.
     - `"openvino"`, `"litert"`: Keras' own export, unchanged.
 
-    A model whose inputs are not a dict (`VisionBackbone` takes one image tensor) has no
-    shared dimensions to declare and goes to Keras' own export as it is.
+    A model whose inputs are not a dict has no shared dimensions to declare and goes to
+    Keras' own export as it is.
 
     Raises:
         ValueError: for a format the backend cannot export (`"tf_saved_model"` on PyTorch,
