@@ -19,7 +19,9 @@ what Keras supports on each backend. Inputs whose dimensions after the batch are
 | torch      | no (Keras needs `torch_xla`)  | yes, dynamic batch and length    | yes (`.pt2`)   |
 
 Every unsupported combination raises a `ValueError` that says why and what to use instead.
-See `docs/export.md`.
+The SavedModel of a generating task (`CausalLM`, `Seq2SeqLM`, `VisionLanguageLM`) also has a
+`generate` endpoint: `model.generate`'s cached loop (see `export_saved_model`). See
+`docs/export.md`.
 
 Example:
 >>> lm.export("/tmp/lm")                   # TensorFlow or JAX backend: export_saved_model
@@ -311,9 +313,12 @@ def _add_generate_endpoints(archive, model, sampler, jax2tf_kwargs=None):
     step_signature = {name: spec for name, spec in signature.items() if name != "max_length"}
     kwargs = {}
     if keras.config.backend() == "jax":
+        # The user's shapes describe `serve`; the rest (platforms, ...) applies here too.
+        given = {key: value for key, value in (jax2tf_kwargs or {}).items()
+                 if key not in ("polymorphic_shapes", "polymorphic_constraints")}
         # jax2tf dimension variables are at least 1: `generate` passes `[-1, *stop ids]`.
         kwargs["jax2tf_kwargs"] = _jax2tf_kwargs(
-            model, _free_signature(model), jax2tf_kwargs,
+            model, _free_signature(model), given,
             extra_shapes={"stop_token_ids": "(stops,)", "seed": "()"})
     step = archive.add_endpoint("generate_step", generate_step, [step_signature], **kwargs)
 
