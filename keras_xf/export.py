@@ -20,7 +20,8 @@ what Keras supports on each backend. Inputs whose dimensions after the batch are
 
 Every unsupported combination raises a `ValueError` that says why and what to use instead.
 The SavedModel of a generating task (`CausalLM`, `Seq2SeqLM`, `VisionLanguageLM`) also has a
-`generate` endpoint: `model.generate`'s cached loop (see `export_saved_model`). See
+`generate` endpoint: `model.generate`'s cached loop (see `export_saved_model`); on PyTorch a
+`CausalLM`'s cached decoding step exports on its own (`export_decode_step`). See
 `docs/export.md`.
 
 Example:
@@ -463,6 +464,139 @@ def export_torch(model, path, verbose=False, input_signature=None, **kwargs):
         keras.Model.export(model, str(path), format="torch", input_signature=input_signature,
                            verbose=verbose, **kwargs)
     return path
+
+
+def export_decode_step(model, path, format="onnx", opset_version=None):
+    """Writes a `CausalLM`'s cached decoding step (PyTorch backend) as ONNX or `.pt2`.
+
+    PyTorch has no SavedModel, so its artefact holds one step of `model.generate`'s loop
+    (`GenerativeTask._decode_token`, the step the loop runs) and the caller runs the loop;
+    `docs/export.md` has the ten-line greedy loop that reproduces `model.generate`'s tokens.
+    Inputs: `token_ids` int32 `[B, 1]` (the token at `cache_index`), `cache_index` int64
+    scalar, and `cache_0`, `cache_1`, … (the flattened `model.init_cache(B, L)`: zeros to
+    start, then the previous step's output). Outputs: float32 logits `[B, V]` for position
+    `cache_index + 1`, then `new_cache_0`, `new_cache_1`, … (the `.pt2` module takes and
+    returns the same tensors positionally). Batch and cache length `L` (at most the
+    backbone's `max_sequence_length`) are dynamic.
+
+    Args:
+        model: a built `CausalLM`.
+        path: the file to write (`.onnx`, or `.pt2` for `format="torch"`).
+        format: `"onnx"` (needs `onnx` and `onnxscript`) or `"torch"`.
+        opset_version: int, the ONNX opset; torch's default when `None`.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: on TensorFlow or JAX (their SavedModel has a `generate` endpoint), for a
+            model that is not a `CausalLM` or has learned positions, or an unknown `format`.
+    """
+    from keras_xf.models.causal_lm import CausalLM
+
+    backend = keras.config.backend()
+    if backend != "torch":
+        raise ValueError(
+            f"export_decode_step is the PyTorch backend's generation export. Received: {backend}."
+            " On TensorFlow and JAX, model.export(path) writes a SavedModel with a `generate` "
+            "endpoint."
+        )
+    if not isinstance(model, CausalLM):
+        raise ValueError(f"export_decode_step exports a CausalLM's step. Received: {model!r}")
+    if format not in ("onnx", "torch"):
+        raise ValueError(f"format must be 'onnx' or 'torch'. Received: format={format!r}")
+    learned = [layer.name for layer in model.backbone._flatten_layers()
+               if type(layer).__name__ == "LearnedPositionEmbedding"]
+    if learned:
+        raise ValueError(
+            "export_decode_step cannot export a learned position table: torch.export cannot "
+            "bound its slice at a tensor `cache_index`. Received: a backbone with "
+            f"{learned[0]!r} (position='learned'). Use the TensorFlow or JAX backend's "
+            "SavedModel `generate` endpoint for this model."
+        )
+    if format == "onnx":
+        for package in ("onnx", "onnxscript"):
+            _require(package, "export_decode_step")
+    if format == "torch" and not str(path).endswith(".pt2"):
+        raise ValueError(f"format='torch' writes a `.pt2` file. Received: path={path}")
+    import torch
+
+    max_length = _max_length(model) or 64
+    # torch.export specialises sizes 0 and 1: trace at batch 2 and a length of at least 2.
+    sample_length = min(6, max_length)
+    cache = keras.tree.flatten(model.init_cache(2, sample_length))
+    other = keras.tree.flatten(model.init_cache(2, sample_length + 1))
+    batch = torch.export.Dim("batch", min=1)
+    length = torch.export.Dim("length", min=2, max=max_length)
+    cache_shapes = tuple(
+        {0: batch, **{axis: length for axis, (a, b) in enumerate(zip(x.shape, y.shape)) if a != b}}
+        for x, y in zip(cache, other)
+    )
+    structure = model.init_cache(1, 2)
+
+    class _DecodeStep(torch.nn.Module):
+        """One cached step on flat tensors (ONNX inputs and outputs are flat)."""
+
+        def __init__(self, wrapped):
+            super().__init__()
+            self.wrapped = wrapped
+
+        def forward(self, token_ids, cache_index, *cache):
+            cache = keras.tree.pack_sequence_as(structure, list(cache))
+            logits, _, cache = self.wrapped._decode_token(token_ids, cache, cache_index)
+            return (logits, *keras.tree.flatten(cache))
+
+    was_training = model.training
+    model.eval()
+    try:
+        with _quiet_torch_export(), torch.no_grad():
+            program = torch.export.export(
+                _DecodeStep(model),
+                (torch.ones((2, 1), dtype=torch.int32), torch.tensor(1, dtype=torch.int64),
+                 *cache),
+                dynamic_shapes=({0: batch}, None, cache_shapes),
+                strict=False,
+            )
+    finally:
+        model.train(was_training)
+    if format == "torch":
+        torch.export.save(program, str(path))
+        return path
+    names = ["token_ids", "cache_index"] + [f"cache_{i}" for i in range(len(cache))]
+    with _quiet_torch_export():
+        onnx_program = torch.onnx.export(program, dynamo=True, input_names=names,
+                                         output_names=["logits"] + [f"new_{name}" for name in names[2:]],
+                                         opset_version=opset_version, verbose=False)
+        onnx_program.optimize()
+        onnx_program.save(str(path))
+    _int64_scatter_indices(str(path))
+    return path
+
+
+def _int64_scatter_indices(path):
+    """Casts int32 `ScatterND` indices to int64 in the ONNX file at `path`: torch's exporter
+    keeps the int32 positions of Keras' cache writes, which ONNX's `ScatterND` (int64 indices
+    only) and onnxruntime reject."""
+    import onnx
+
+    model = onnx.load(path)
+    graph = model.graph
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in list(graph.value_info) + list(graph.input) + list(graph.output)}
+    nodes, cast = [], set()
+    for node in graph.node:
+        if node.op_type == "ScatterND" and types.get(node.input[1]) == onnx.TensorProto.INT32:
+            name = f"{node.input[1]}_int64"
+            if name not in cast:
+                nodes.append(onnx.helper.make_node("Cast", [node.input[1]], [name],
+                                                   to=onnx.TensorProto.INT64))
+                cast.add(name)
+            node.input[1] = name
+        nodes.append(node)
+    if cast:
+        del graph.node[:]
+        graph.node.extend(nodes)
+        onnx.save(model, path)
 
 
 def input_signature(model):
