@@ -2,15 +2,17 @@
 
 What it shows: the round trip a deployment takes. A decoder-only `keras_xf.models.CausalLM`
 learns a toy task (count upwards modulo the vocabulary) for a few steps, is saved as a
-`.keras` file, reloaded with `keras.saving.load_model`, exported with `keras_xf.export`, and
-the exported artefact is reloaded *without keras_xf* and checked against the Keras model, at
-the export batch shape and at a different batch size and sequence length:
+`.keras` file, reloaded with `keras.saving.load_model`, exported with Keras' `model.export`,
+and the exported artefact is reloaded *without keras_xf* and checked against the Keras model,
+at the export batch shape and at a different batch size and sequence length:
 
-- TensorFlow and JAX: a SavedModel (`export_saved_model`), served with
-  `tf.saved_model.load(path).serve({"token_ids": ..., "padding_mask": ...})`.
-- PyTorch: an ONNX file (`export_onnx`, run with onnxruntime; needs `onnx`, `onnxscript`,
-  `onnxruntime`) and a `torch.export` program (`export_torch`, `.pt2`). Keras cannot write
-  a SavedModel from PyTorch here (it needs `torch_xla`).
+- TensorFlow and JAX: a SavedModel (`model.export(path)`) with two endpoints: `serve` (the
+  logits) and `generate` (the cached decoding loop of `model.generate`). Generation is served
+  from a separate Python process that imports only TensorFlow, and its tokens are compared
+  with `model.generate`'s.
+- PyTorch: an ONNX file (`model.export(path, format="onnx")`, run with onnxruntime; needs
+  `onnx`, `onnxscript`, `onnxruntime`) and a `torch.export` program (`format="torch"`,
+  `.pt2`). Keras cannot write a SavedModel from PyTorch here (it needs `torch_xla`).
 
 Run (any backend):
 
@@ -18,11 +20,15 @@ Run (any backend):
     KERAS_BACKEND=torch python examples/export_savedmodel.py --steps 2 --output /tmp/lm_export
 
 It prints the largest absolute difference between the artefact's logits and the model's, and
-"outputs match" when every one is within `--tolerance`.
+"outputs match" when every one is within `--tolerance`; on TensorFlow and JAX also
+"generated tokens match" when the served `generate` returns `model.generate`'s tokens.
 """
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -31,8 +37,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_xf import export  # noqa: E402
 from keras_xf.models import CausalLM  # noqa: E402
+
+# What a serving process runs: TensorFlow and the SavedModel, no keras_xf.
+SERVE_GENERATION = """
+import json, sys
+import tensorflow as tf
+path, request = sys.argv[1], json.loads(sys.argv[2])
+loaded = tf.saved_model.load(path)
+outputs = loaded.generate({key: tf.constant(value, tf.int32) for key, value in request.items()})
+assert "keras_xf" not in sys.modules
+print(json.dumps({key: value.numpy().astype(int).tolist() for key, value in outputs.items()}))
+"""
 
 
 def parse_args(argv=None):
@@ -100,15 +116,18 @@ def main(argv=None):
     if backend in ("tensorflow", "jax"):
         import tensorflow as tf
 
-        path = export.export_saved_model(model, os.path.join(output, "saved_model"))
+        path = os.path.join(output, "saved_model")
+        model.export(path, verbose=False)  # endpoints `serve` and `generate`
         served = tf.saved_model.load(path)
         runners[f"SavedModel {path}"] = lambda inputs: np.asarray(
             served.serve({name: tf.constant(value) for name, value in inputs.items()})
         )
+        check_generation(model, path, rng, args)
     else:
         import torch
 
-        path = export.export_onnx(model, os.path.join(output, "causal_lm.onnx"))
+        path = os.path.join(output, "causal_lm.onnx")
+        model.export(path, format="onnx")
         try:
             import onnxruntime
         except ImportError:
@@ -117,7 +136,8 @@ def main(argv=None):
             session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
             runners[f"ONNX {path}"] = lambda inputs: session.run(None, inputs)[0]
 
-        path = export.export_torch(model, os.path.join(output, "causal_lm.pt2"))
+        path = os.path.join(output, "causal_lm.pt2")
+        model.export(path, format="torch")
         program = torch.export.load(path).module()
 
         def run_program(inputs):
@@ -141,6 +161,25 @@ def main(argv=None):
         raise SystemExit(f"outputs differ: {worst:.2e} > {args.tolerance:.0e}")
     print(f"outputs match (max |difference| {worst:.2e})")
     print(f"time: {time.time() - began:.1f}s")
+
+
+def check_generation(model, path, rng, args):
+    """Serves `generate` from another process (TensorFlow only) and compares its tokens with
+    `model.generate` (greedy, the compile sampler)."""
+    inputs, _, _ = counting_batch(rng, 2, args.sequence_length // 2, args.vocabulary_size)
+    max_length = 2 * args.sequence_length
+    request = {**{key: value.tolist() for key, value in inputs.items()},
+               "max_length": max_length, "stop_token_ids": [], "seed": 0}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    served = subprocess.run([sys.executable, "-c", SERVE_GENERATION, path, json.dumps(request)],
+                            check=True, capture_output=True, text=True, env=env,
+                            cwd=tempfile.gettempdir())
+    tokens = np.array(json.loads(served.stdout.strip().splitlines()[-1])["token_ids"])
+    expected = model.generate(inputs, max_length=max_length)["token_ids"]
+    print(f"served generate (TensorFlow only): {tokens[0].tolist()}")
+    if not np.array_equal(tokens, expected):
+        raise SystemExit(f"generated tokens differ:\n{tokens}\n{expected}")
+    print("generated tokens match model.generate")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ import pytest
 from keras_xf import export
 from keras_xf.models import CausalLM
 from keras_xf.models import Seq2SeqLM
+from keras_xf.models import TextClassifier
+from keras_xf.models import TextEncoder
+from keras_xf.models import VisionClassifier
 
 BACKEND = keras.config.backend()
 VOCABULARY = 37
@@ -30,6 +33,24 @@ def tiny_causal_lm():
 def tiny_seq2seq_lm():
     return Seq2SeqLM(vocabulary_size=VOCABULARY, num_layers=1, hidden_dim=16, num_heads=2,
                      intermediate_dim=32, max_sequence_length=24)
+
+
+def tiny_text_classifier():
+    return TextClassifier(num_classes=3, vocabulary_size=VOCABULARY, num_layers=1, hidden_dim=16,
+                          num_heads=2, intermediate_dim=32, max_sequence_length=24)
+
+
+def tiny_text_encoder():
+    return TextEncoder(vocabulary_size=VOCABULARY, num_layers=1, hidden_dim=16, num_heads=2,
+                       intermediate_dim=32, max_sequence_length=24)
+
+
+IMAGE_SHAPE = (4, 4, 1)
+
+
+def tiny_vision_classifier():
+    return VisionClassifier(num_classes=3, image_shape=IMAGE_SHAPE, patch_size=2, hidden_dim=16,
+                            num_heads=2, intermediate_dim=32, num_layers=1)
 
 
 def sequence(rng, batch, length, prefix=""):
@@ -51,9 +72,20 @@ def seq2seq_inputs(rng, batch, length):
             **sequence(rng, batch, length, "decoder_")}
 
 
+def image_inputs(rng, batch, length):
+    # Images have a fixed size: only the batch varies.
+    return {"images": rng.uniform(size=(batch,) + IMAGE_SHAPE).astype("float32")}
+
+
 MODELS = [
     pytest.param(tiny_causal_lm, causal_inputs, id="causal_lm"),
     pytest.param(tiny_seq2seq_lm, seq2seq_inputs, id="seq2seq_lm"),
+]
+# Every kind of keras_xf task, for `model.export` with Keras' defaults.
+ALL_MODELS = MODELS + [
+    pytest.param(tiny_text_classifier, causal_inputs, id="text_classifier"),
+    pytest.param(tiny_text_encoder, causal_inputs, id="text_encoder"),
+    pytest.param(tiny_vision_classifier, image_inputs, id="vision_classifier"),
 ]
 # Two batch sizes and lengths: the artefact must not be specialised to one shape (SavedModels
 # are exported fully symbolic; torch.export traces at [2, 3]).
@@ -80,27 +112,63 @@ def check_shared_dimensions(model):
 
 
 # SavedModel ----------------------------------------------------------------------------------
-@pytest.mark.skipif(BACKEND == "torch", reason="Keras exports SavedModels from torch only "
-                    "through torch_xla, which has no release for this torch version")
-@pytest.mark.parametrize("build, make_inputs", MODELS)
-def test_saved_model_serve_matches_predict(build, make_inputs, tmp_path, rng):
+def serve_saved_model(path):
     import tensorflow as tf
 
-    model = build()
-    check_shared_dimensions(model)
-    path = export.export_saved_model(model, str(tmp_path / "saved_model"))
     served = tf.saved_model.load(path)
 
     def run(inputs):
         return served.serve({name: tf.constant(value) for name, value in inputs.items()})
 
-    check_matches(model, run, make_inputs, rng)
+    return run
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="Keras exports SavedModels from torch only "
+                    "through torch_xla, which has no release for this torch version")
+@pytest.mark.parametrize("build, make_inputs", ALL_MODELS)
+def test_model_export_with_keras_defaults_serves_predict(build, make_inputs, tmp_path, rng):
+    # `model.export(path)` as Keras documents it: format="tf_saved_model", no signature.
+    model = build()
+    path = str(tmp_path / "saved_model")
+    assert model.export(path, verbose=False) == path
+    check_matches(model, serve_saved_model(path), make_inputs, rng)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="Keras exports SavedModels from torch only "
+                    "through torch_xla, which has no release for this torch version")
+def test_export_saved_model_function_matches_predict(tmp_path, rng):
+    model = tiny_causal_lm()
+    check_shared_dimensions(model)
+    path = export.export_saved_model(model, str(tmp_path / "saved_model"))
+    check_matches(model, serve_saved_model(path), causal_inputs, rng)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="Keras exports SavedModels from torch only "
+                    "through torch_xla, which has no release for this torch version")
+def test_model_export_keeps_a_given_signature(tmp_path, rng):
+    # A fixed length of the user's: the batch stays free, other lengths are refused.
+    model = tiny_causal_lm()
+    signature = [{name: keras.InputSpec(shape=(None, 5), dtype="int32", name=name)
+                  for name in ("token_ids", "padding_mask")}]
+    path = str(tmp_path / "saved_model")
+    model.export(path, input_signature=signature, verbose=False)
+    run = serve_saved_model(path)
+    for batch in (2, 3):
+        inputs = causal_inputs(rng, batch, 5)
+        np.testing.assert_allclose(np.asarray(run(inputs)), model.predict(inputs, verbose=0),
+                                   atol=TOLERANCE, rtol=0)
+    with pytest.raises(Exception):
+        run(causal_inputs(rng, 2, 6))
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the PyTorch backend's limitation is tested")
 def test_saved_model_on_torch_raises_clear_error(tmp_path):
+    model = tiny_causal_lm()
     with pytest.raises(ValueError, match="torch_xla"):
-        export.export_saved_model(tiny_causal_lm(), str(tmp_path / "saved_model"))
+        export.export_saved_model(model, str(tmp_path / "saved_model"))
+    # Keras' default format: the error names the formats PyTorch exports.
+    with pytest.raises(ValueError, match="format='onnx'"):
+        model.export(str(tmp_path / "saved_model"))
 
 
 # PyTorch: ONNX and torch.export --------------------------------------------------------------
@@ -120,12 +188,31 @@ def test_onnx_matches_predict(build, make_inputs, tmp_path, rng):
     check_matches(model, lambda inputs: session.run(None, inputs)[0], make_inputs, rng)
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="ONNX export is the PyTorch backend's format")
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None
+                    or importlib.util.find_spec("onnxscript") is None,
+                    reason="needs onnx, onnxscript and onnxruntime (pip install keras-xf[dev])")
+@pytest.mark.parametrize("build, make_inputs", ALL_MODELS[2:])
+def test_model_export_onnx_matches_predict(build, make_inputs, tmp_path, rng):
+    # `model.export(path, format="onnx")` as Keras documents it (the two LMs: above).
+    import onnxruntime
+
+    model = build()
+    path = str(tmp_path / "model.onnx")
+    model.export(path, format="onnx")
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    check_matches(model, lambda inputs: session.run(None, inputs)[0], make_inputs, rng)
+    with pytest.raises(ValueError, match="input_signature"):
+        model.export(path, format="onnx", input_signature=export.input_signature(model))
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="torch.export is the PyTorch backend's format")
 def test_torch_export_matches_predict(tmp_path, rng):
     import torch
 
     model = tiny_causal_lm()
-    path = export.export_torch(model, str(tmp_path / "model.pt2"))
+    path = str(tmp_path / "model.pt2")
+    model.export(path, format="torch")  # keras_xf's `export_torch`
     module = torch.export.load(path).module()
 
     def run(inputs):
@@ -136,6 +223,62 @@ def test_torch_export_matches_predict(tmp_path, rng):
     check_matches(model, run, causal_inputs, rng)
 
 
+def greedy_loop(step, model, ids, mask):
+    """The documented loop over an exported decoding step: feed the token at `index - 1`,
+    keep prompt tokens, take the argmax elsewhere."""
+    batch, length = ids.shape
+    caches = [keras.ops.convert_to_numpy(c)
+              for c in keras.tree.flatten(model.init_cache(batch, length))]
+    ids = ids.copy()
+    for index in range(1, length):
+        logits, *caches = step(ids[:, index - 1:index], np.array(index - 1, "int64"), caches)
+        ids[:, index] = np.where(mask[:, index], ids[:, index], np.argmax(logits, axis=-1))
+    return ids
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the PyTorch backend's generation export")
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None
+                    or importlib.util.find_spec("onnxscript") is None,
+                    reason="needs onnx, onnxscript and onnxruntime (pip install keras-xf[dev])")
+def test_decode_step_loop_reproduces_generate(tmp_path):
+    import onnxruntime
+    import torch
+
+    from tests.models.tiny import causal_lm
+    from tests.models.tiny import randomize_embeddings
+
+    # The default positions: a learned table read at a tensor `cache_index` does not export
+    # (torch.export cannot bound the slice; see docs/export.md).
+    model = randomize_embeddings(causal_lm(num_layers=1))
+    ids = np.array([[5, 6, 7, 0, 0, 0, 0, 0, 0, 0], [8, 9, 10, 11, 12, 0, 0, 0, 0, 0]], "int32")
+    mask = ids != 0
+    expected = model.generate({"token_ids": ids, "padding_mask": mask})["token_ids"]
+
+    path = export.export_decode_step(model, str(tmp_path / "step.onnx"))
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [node.name for node in session.get_inputs()]
+    assert names[:2] == ["token_ids", "cache_index"]
+
+    def onnx_step(token_ids, cache_index, caches):
+        return session.run(None, dict(zip(names, [token_ids, cache_index, *caches])))
+
+    np.testing.assert_array_equal(greedy_loop(onnx_step, model, ids, mask), expected)
+
+    path = export.export_decode_step(model, str(tmp_path / "step.pt2"), format="torch")
+    module = torch.export.load(path).module()
+
+    def torch_step(token_ids, cache_index, caches):
+        with torch.no_grad():
+            outputs = module(torch.from_numpy(token_ids), torch.tensor(int(cache_index)),
+                             *[torch.from_numpy(c) for c in caches])
+        return [output.numpy() for output in outputs]
+
+    np.testing.assert_array_equal(greedy_loop(torch_step, model, ids, mask), expected)
+
+    with pytest.raises(ValueError, match="learned"):
+        export.export_decode_step(tiny_causal_lm(), str(tmp_path / "learned.onnx"))
+
+
 @pytest.mark.skipif(BACKEND == "torch", reason="the TensorFlow / JAX limitation is tested")
 def test_onnx_and_torch_export_need_torch(tmp_path):
     model = tiny_causal_lm()
@@ -143,6 +286,13 @@ def test_onnx_and_torch_export_need_torch(tmp_path):
         export.export_onnx(model, str(tmp_path / "model.onnx"))
     with pytest.raises(ValueError, match="PyTorch backend"):
         export.export_torch(model, str(tmp_path / "model.pt2"))
+    # The same through Keras' `model.export`, and the error names the SavedModel instead.
+    with pytest.raises(ValueError, match=r"model.export\(path\)"):
+        model.export(str(tmp_path / "model.onnx"), format="onnx")
+    with pytest.raises(ValueError, match="PyTorch backend"):
+        model.export(str(tmp_path / "model.pt2"), format="torch")
+    with pytest.raises(ValueError, match="generate"):
+        export.export_decode_step(model, str(tmp_path / "step.onnx"))
 
 
 def test_rejects_models_without_dict_inputs(tmp_path):

@@ -33,8 +33,7 @@ class PackedPrompts:
         compiled programs small (one per power of two rather than one per prompt length); the
         remaining prompt tokens are fed one at a time by the loop, which keeps them.
         """
-        shortest = int(self.padding_mask.sum(axis=1).min())
-        return 1 << (shortest.bit_length() - 1)
+        return int(ops.convert_to_numpy(prefill_length(self.padding_mask)))
 
     def unpack(self, token_ids, padding_mask, form=None, keys=("token_ids", "padding_mask")):
         """Results in the structure the prompts came in (or in `form`); a dict result uses
@@ -190,14 +189,26 @@ def pack_prompts(inputs, max_length=None, default_max_length=None, pad_token_id=
     return PackedPrompts(token_ids, mask, form)
 
 
+def prefill_length(padding_mask):
+    """The shortest prompt's length rounded down to a power of two, an int32 scalar tensor
+    (see `PackedPrompts.prefill_length`); a tensor so that exported generation computes it
+    from its inputs. `padding_mask` `[B, L]` marks left-aligned prompts of at least one
+    token."""
+    shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+    powers = ops.left_shift(ops.ones((31,), "int32"), ops.arange(31, dtype="int32"))
+    return ops.max(ops.where(powers <= shortest, powers, ops.ones_like(powers)))
+
+
 def output_padding_mask(token_ids, prompt_mask, stop_token_ids):
-    """True on the prompt and on generated tokens up to and including the first stop token."""
-    if not stop_token_ids:
+    """True on the prompt and on generated tokens up to and including the first stop token.
+
+    `stop_token_ids`: a tuple of ids, `None`, or a 1-D int tensor (exported generation; it
+    may be empty)."""
+    if stop_token_ids is None or (isinstance(stop_token_ids, tuple) and not stop_token_ids):
         return ops.ones_like(token_ids, dtype="bool")
+    stops = ops.cast(ops.convert_to_tensor(stop_token_ids), token_ids.dtype)
+    is_stop = ops.any(ops.equal(token_ids[..., None], stops), axis=-1)
     generated = ops.logical_not(prompt_mask)
-    is_stop = ops.zeros_like(prompt_mask)
-    for stop in stop_token_ids:
-        is_stop = ops.logical_or(is_stop, ops.equal(token_ids, stop))
     stops = ops.cast(ops.logical_and(is_stop, generated), "int32")
     after_stop = ops.cumsum(stops, axis=-1) - stops
     return ops.logical_not(ops.cast(after_stop, "bool"))

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_xf.export import export_model
 from keras_xf.ops.backend_specific import register_module_parameters
 from keras_xf.ops.backend_specific import sets_attributes_before_module_init
 from keras_xf.models.arguments import check_model_inputs
@@ -48,6 +49,22 @@ class FunctionalModel(keras.Model):
         self.compile(**config)
         if hasattr(self, "optimizer") and self.built:
             self.optimizer.build(self.trainable_variables)
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
+               **kwargs):
+        """Keras' `export` with the batch and sequence lengths of the artefact left free.
+
+        Keras' own export gives every free dimension its own symbol, so on JAX a padding
+        mask cannot broadcast against its ids. Here `"tf_saved_model"` (the default, on
+        TensorFlow and JAX) declares each sequence's shared batch and length
+        (`keras_xf.export.export_saved_model`); on PyTorch `"onnx"` and `"torch"` do the same
+        through `torch.export` (`export_onnx`, `export_torch`). A format the backend cannot
+        export (`"tf_saved_model"` on PyTorch, `"onnx"` on TensorFlow / JAX) raises a
+        `ValueError` that names what to use instead. Arguments are Keras'; see
+        `keras_xf.export.export_model` and `docs/export.md`.
+        """
+        return export_model(self, filepath, format=format, verbose=verbose,
+                            input_signature=input_signature, **kwargs)
 
     def __call__(self, *args, **kwargs):
         # Checked before Keras' own input checks and any backend op, so that a bad input

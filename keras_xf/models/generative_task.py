@@ -15,6 +15,7 @@ from keras_xf.generation.prompts import output_padding_mask
 from keras_xf.generation.prompts import pack_prompts
 from keras_xf.generation.sampling import SAMPLER_NAMES
 from keras_xf.generation.sampling import get_sampler
+from keras_xf.generation.sampling import stops_on_tensor
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.models.backbone import FunctionalModel
 
@@ -178,13 +179,16 @@ class GenerativeTask(FunctionalModel):
         Args:
             inputs: a dict of tensors: the prompt ids and mask under `prompt_keys` (prompts
                 left-aligned, the mask marking them) and the task's extra inputs.
-            stop_token_ids: a tuple of ids, or `None`.
+            stop_token_ids: a tuple of ids, or `None`; or a 1-D int tensor, possibly empty
+                (exported generation: the loop checks it with `stops_on_tensor`).
             sampler: a keras-hub sampler; defaults to the compile one.
             use_cache: bool.
             prefill_length: an int no larger than the shortest prompt: the loop starts
                 there, after a parallel pass over the tokens before it. `None`: the pass
                 covers the whole width and the loop starts at the shortest prompt (as
-                keras-hub does), except where a layer keeps a recurrent state (then 1).
+                keras-hub does), except where a layer keeps a recurrent state (then 1). A
+                scalar int tensor (exported generation, where the prompts are inputs): the
+                pass covers the whole width and the loop starts there.
 
         Returns:
             A dict with the ids and the output mask under `prompt_keys`.
@@ -202,8 +206,11 @@ class GenerativeTask(FunctionalModel):
             cache = self._init_generation_cache(batch_size, max_length, context)
             if prefill_length is None and self._has_recurrent_cache():
                 prefill_length = 1
-            if prefill_length is None:
+            if prefill_length is None or not isinstance(prefill_length, (int, np.integer)):
+                # Positions past the loop's start are written again by the loop.
                 hidden, cache = self._prefill(token_ids, cache, context)
+                if prefill_length is not None:
+                    index = ops.cast(prefill_length, "int32")
             else:
                 # The loop's first step feeds the token at `prefill_length - 1`, so the pass
                 # fills the positions before it: every token enters the cache once.
@@ -225,7 +232,11 @@ class GenerativeTask(FunctionalModel):
             # `c` travels as the loop state so that beam search repeats it with the rows.
             cache = context
             next_logits = self._uncached_step
-        if stop_token_ids:
+        tensor_stops = stop_token_ids is not None and not isinstance(stop_token_ids, tuple)
+        loop_stops = None if tensor_stops else stop_token_ids
+        if tensor_stops:
+            sampler = stops_on_tensor(sampler, stop_token_ids)
+        if loop_stops:
             # The loop ends once every row holds a stop id past its prompt, so the positions
             # still to generate must hold none: an id that is no stop id fills them.
             filler = next((i for i in (self.pad_token_id, *range(len(stop_token_ids) + 1))
@@ -237,12 +248,12 @@ class GenerativeTask(FunctionalModel):
             cache=cache,
             index=index,
             mask=padding_mask,
-            stop_token_ids=stop_token_ids,
+            stop_token_ids=loop_stops,
             hidden_states=hidden,
             model=self,
         )
         output_mask = output_padding_mask(token_ids, padding_mask, stop_token_ids)
-        if stop_token_ids:
+        if tensor_stops or stop_token_ids:
             # Past its stop id a row holds padding, whatever the other rows went on to do.
             token_ids = ops.where(output_mask, token_ids, ops.cast(self.pad_token_id, token_ids.dtype))
         return {ids_key: token_ids, mask_key: output_mask}
