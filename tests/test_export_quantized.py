@@ -2,14 +2,15 @@
 paths of a float32 one.
 
 Keras quantises the `Dense` and `EinsumDense` layers of keras_xf's blocks (attention
-projections, feedforward); the token embedding (`TokenEmbedding`, tied to the output
-projection) stays float32. SavedModel (TensorFlow, JAX): `serve` gives the int8 model's logits
+projections, feedforward) and keras_xf's `TokenEmbedding` (its table, which is also the tied
+output projection, int8 with one scale per token). SavedModel (TensorFlow, JAX): `serve` gives the int8 model's logits
 and `generate` its greedy tokens, loaded with plain `tf.saved_model.load`, for a `CausalLM` and
 a `Seq2SeqLM`. PyTorch: the ONNX forward pass, and the cached decoding step (ONNX and `.pt2`)
 run by the documented loop, give the int8 model's logits and greedy tokens.
 """
 
 import importlib.util
+import warnings
 
 import keras
 import numpy as np
@@ -38,8 +39,42 @@ def causal():
     model = randomize_embeddings(causal_lm(num_layers=1))
     inputs = token_batch(np.random.default_rng(0))
     float_logits = np.asarray(model.predict(inputs, verbose=0))
-    model.quantize("int8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.quantize("int8")
+    model.quantize_warnings = [str(warning.message) for warning in caught]
     return model, inputs, float_logits
+
+
+def embedding_of(model):
+    return model.backbone.embeddings.token_embedding
+
+
+def test_token_embedding_quantises_without_a_warning(causal):
+    model = causal[0]
+    assert not [text for text in model.quantize_warnings if "TokenEmbedding" in text]
+    embedding = embedding_of(model)
+    assert embedding.quantization_mode == "int8"
+    assert keras.backend.standardize_dtype(embedding.embeddings.dtype) == "int8"
+    assert embedding.embeddings_scale.shape == (embedding.vocabulary_size,)
+
+
+def test_int8_causal_lm_keras_file_round_trip_and_generate(causal, tmp_path):
+    model, inputs, _ = causal
+    path = str(tmp_path / "int8.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    # Every quantised layer comes back int8 (the model's config maps their paths to int8).
+    assert {layer.path: layer.quantization_mode for layer in loaded._flatten_layers()} == \
+        {layer.path: layer.quantization_mode for layer in model._flatten_layers()}
+    assert keras.backend.standardize_dtype(embedding_of(loaded).embeddings.dtype) == "int8"
+    np.testing.assert_array_equal(np.asarray(loaded.predict(inputs, verbose=0)),
+                                  np.asarray(model.predict(inputs, verbose=0)))
+    prompts = {"token_ids": PROMPTS, "padding_mask": (PROMPTS != 0).astype("int32")}
+    expected = model.generate(prompts, max_length=10)
+    np.testing.assert_array_equal(loaded.generate(prompts, max_length=10)["token_ids"],
+                                  expected["token_ids"])
+    assert (expected["token_ids"][:, 5:] != 0).any()  # it generated past the prompts
 
 
 def test_blocks_quantise_and_logits_stay_close(causal):
@@ -82,6 +117,10 @@ def test_saved_model_serves_int8_logits_and_weights(causal, saved):
     loaded = tf.saved_model.load(str(saved[0] / "causal"))
     dtypes = {variable.dtype for variable in loaded.variables}
     assert tf.int8 in dtypes  # the artefact holds the int8 kernels, not float32 copies
+    # ... and the int8 token table: no float32 variable of the table's shape is left.
+    table = tuple(embedding_of(model).embeddings.shape)
+    tables = [v for v in loaded.variables if tuple(v.shape) == table]
+    assert tables and {v.dtype for v in tables} == {tf.int8}
     served = loaded.serve({key: tf.constant(value) for key, value in inputs.items()})
     np.testing.assert_allclose(np.asarray(served), np.asarray(model.predict(inputs, verbose=0)),
                                atol=TOLERANCE)

@@ -34,7 +34,7 @@ class FunctionalModel(keras.Model):
         return {
             "name": self.name,
             "trainable": self.trainable,
-            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            "dtype": keras.dtype_policies.serialize(quantized_policy_map(self)),
             **getattr(self, "_hyperparameters", {}),
         }
 
@@ -76,3 +76,17 @@ class FunctionalModel(keras.Model):
 def layer_dtype(dtype):
     """The policy that sub-layers created before `super().__init__` should use."""
     return keras.dtype_policies.get(dtype) if dtype is not None else None
+
+
+def quantized_policy_map(model):
+    """`model`'s policy, or after `model.quantize(...)` a `DTypePolicyMap` from each quantised
+    layer's path to its policy (keras-hub's `Backbone` does the same): sub-layers built with it
+    rebuild their quantised variables when a `.keras` file is loaded."""
+    policy = model.dtype_policy
+    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        return policy
+    policy_map = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
+    for layer in model._flatten_layers():
+        if layer.quantization_mode is not None:
+            policy_map[layer.path] = layer.dtype_policy
+    return policy_map if len(policy_map) else policy

@@ -150,7 +150,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             )
         if self.segment_embedding is not None:
             if segment_ids is None:
-                segments = ops.cast(self.segment_embedding.embeddings[0], outputs.dtype)
+                # Called, not read from `.embeddings`: an int8 table needs its scale.
+                segments = ops.cast(self.segment_embedding(ops.zeros((1,), "int32"))[0],
+                                    outputs.dtype)
             else:
                 check_padding_mask(segment_ids, inputs, "segment_ids", "inputs")
                 segments = self.segment_embedding(ops.cast(segment_ids, "int32"))

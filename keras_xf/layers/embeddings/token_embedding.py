@@ -22,6 +22,12 @@ class TokenEmbedding(keras.layers.Layer):
     hidden states `h` it returns logits `h · Eᵀ` (tied input/output embeddings, survey §5.4),
     or `h · W_out` with a separate output matrix when `tie_weights=False`.
 
+    `quantize("int8")` (or `model.quantize("int8")`) stores `q = round(E · s)` in int8 with
+    one scale `s_v = 127 / max|E_v|` per token `v`: the lookup returns `q[ids] / s[ids]`, the
+    tied projection `(h · qᵀ) / s` (the same int8 table and scales), and an untied `W_out` is
+    quantised column by column the same way. Other modes raise `NotImplementedError`, which
+    `Model.quantize` reports as a warning, as for Keras' `Embedding`.
+
     Args:
         vocabulary_size: int, number of tokens.
         embedding_dim: int, width `d`.
@@ -64,6 +70,10 @@ class TokenEmbedding(keras.layers.Layer):
         )
 
     def build(self, inputs_shape=None):
+        if self.quantization_mode is not None:
+            # A quantised layer being rebuilt (loading a `.keras` file): int8 state only.
+            self.quantized_build(inputs_shape, mode=self.quantization_mode)
+            return
         self.embeddings = self.add_weight(
             name="embeddings",
             shape=(self.vocabulary_size, self.embedding_dim),
@@ -77,10 +87,21 @@ class TokenEmbedding(keras.layers.Layer):
             )
 
     def call(self, inputs, reverse=False):
+        return self._embed_or_project(inputs, reverse, quantized=False)
+
+    def _int8_call(self, inputs, reverse=False):
+        return self._embed_or_project(inputs, reverse, quantized=True)
+
+    def _embed_or_project(self, inputs, reverse, quantized):
+        """Float and int8 paths; int8 tables hold `q = round(E · s)` with one scale `s` per
+        vocabulary entry, so `E ≈ q / s` row by row (lookup) and column by column (logits)."""
         if reverse:
             check_width(inputs, self.embedding_dim)
             if not self.tie_weights:
-                return ops.matmul(inputs, ops.cast(self.reverse_embeddings, self.compute_dtype))
+                logits = ops.matmul(inputs, ops.cast(self.reverse_embeddings, self.compute_dtype))
+                return self._descale(logits, "reverse_embeddings_scale", quantized)
+            # int8: float hidden states times the int8 table, then the per-token scale; this
+            # equals the dequantised table's logits (only weight rounding, no input rounding).
             table = ops.cast(self.embeddings, self.compute_dtype)
             # Only for concrete sizes: symbolic ones (shape-polymorphic export, torch.export)
             # would turn the comparison into a guard on the exported input shapes.
@@ -91,12 +112,111 @@ class TokenEmbedding(keras.layers.Layer):
                 # layout, where `h · tableᵀ` makes XLA copy the whole table transposed.
                 flat = ops.reshape(inputs, (rows, inputs.shape[-1]))
                 logits = ops.transpose(ops.matmul(table, ops.transpose(flat)))
-                return ops.reshape(logits, tuple(inputs.shape[:-1]) + (self.vocabulary_size,))
-            return ops.matmul(inputs, ops.transpose(table))
-        outputs = ops.take(ops.cast(self.embeddings, self.compute_dtype), ops.cast(inputs, "int32"), axis=0)
+                logits = ops.reshape(logits, leading + (self.vocabulary_size,))
+            else:
+                logits = ops.matmul(inputs, ops.transpose(table))
+            return self._descale(logits, "embeddings_scale", quantized)
+        ids = ops.cast(inputs, "int32")
+        outputs = ops.cast(ops.take(self.embeddings, ids, axis=0), self.compute_dtype)
+        if quantized:
+            scale = ops.take(self.embeddings_scale, ids, axis=0)
+            outputs = ops.divide(outputs, ops.cast(ops.expand_dims(scale, -1), outputs.dtype))
         if self.scale:
             outputs = outputs * ops.cast(self.embedding_dim**0.5, outputs.dtype)
         return outputs
+
+    def _descale(self, logits, scale_name, quantized):
+        if not quantized:
+            return logits
+        return ops.divide(logits, ops.cast(getattr(self, scale_name), logits.dtype))
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantises the table(s) in place to int8 (`model.quantize("int8")`), as Keras'
+        `Embedding` and `ReversibleEmbedding` do: symmetric abs-max, one scale per vocabulary
+        entry (rows of `E`, columns of the untied `W_out`)."""
+        if type_check and type(self) is not TokenEmbedding:
+            raise self._not_implemented_error(self.quantize)
+        # Keras' protocol: NotImplementedError, which `Model.quantize` turns into a warning.
+        if mode != "int8":
+            raise self._quantization_mode_error(mode)
+        quantizer = keras.quantizers.QuantizationConfig.weight_quantizer_or_default(
+            config, keras.quantizers.AbsMaxQuantizer(axis=-1)
+        )
+        values, scale = quantizer(self.embeddings, to_numpy=True)
+        scale = ops.squeeze(scale, axis=-1)
+        del self.embeddings
+        if not self.tie_weights:
+            reverse_quantizer = keras.quantizers.QuantizationConfig.weight_quantizer_or_default(
+                config, keras.quantizers.AbsMaxQuantizer(axis=0)
+            )
+            reverse_values, reverse_scale = reverse_quantizer(self.reverse_embeddings,
+                                                              to_numpy=True)
+            reverse_scale = ops.squeeze(reverse_scale, axis=0)
+            del self.reverse_embeddings
+        self.quantized_build(None, mode, config)
+        self.embeddings.assign(values)
+        self.embeddings_scale.assign(scale)
+        if not self.tie_weights:
+            self.reverse_embeddings.assign(reverse_values)
+            self.reverse_embeddings_scale.assign(reverse_scale)
+        if self.dtype_policy.quantization_mode is None:
+            self.dtype_policy = keras.dtype_policies.get(f"{mode}_from_{self.dtype_policy.name}")
+
+    def quantized_build(self, inputs_shape, mode, config=None):
+        if mode != "int8":
+            raise self._quantization_mode_error(mode)
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=(self.vocabulary_size, self.embedding_dim),
+            initializer="zeros", dtype="int8", trainable=False,
+        )
+        self.embeddings_scale = self.add_weight(
+            name="embeddings_scale", shape=(self.vocabulary_size,), initializer="ones",
+            trainable=False,
+        )
+        if not self.tie_weights:
+            self.reverse_embeddings = self.add_weight(
+                name="reverse_embeddings", shape=(self.embedding_dim, self.vocabulary_size),
+                initializer="zeros", dtype="int8", trainable=False,
+            )
+            self.reverse_embeddings_scale = self.add_weight(
+                name="reverse_embeddings_scale", shape=(self.vocabulary_size,),
+                initializer="ones", trainable=False,
+            )
+        self._is_quantized = True
+
+    @property
+    def variable_serialization_spec(self):
+        """Variable names in saving order per quantisation mode (Keras' `Embedding` /
+        `ReversibleEmbedding` layout: table, its scale, then the untied matrix and scale)."""
+        spec = {None: ["embeddings"], "int8": ["embeddings", "embeddings_scale"]}
+        if not self.tie_weights:
+            spec[None].append("reverse_embeddings")
+            spec["int8"] += ["reverse_embeddings", "reverse_embeddings_scale"]
+        return spec
+
+    def save_own_variables(self, store):
+        if not self.built:
+            return
+        for index, name in enumerate(self._serialised_names()):
+            store[str(index)] = getattr(self, name)
+
+    def load_own_variables(self, store):
+        self._check_load_own_variables(store)
+        if not self.built:
+            return
+        for index, name in enumerate(self._serialised_names()):
+            getattr(self, name).assign(store[str(index)])
+
+    def _quantization_mode_error(self, mode):
+        return NotImplementedError(
+            f"TokenEmbedding supports quantization mode 'int8' only. Received: mode={mode}"
+        )
+
+    def _serialised_names(self):
+        spec = self.variable_serialization_spec
+        if self.quantization_mode not in spec:
+            raise self._quantization_mode_error(self.quantization_mode)
+        return spec[self.quantization_mode]
 
     def compute_output_shape(self, inputs_shape, reverse=False):
         if reverse:

@@ -268,3 +268,104 @@ def test_embedding_normalization_config_saving_and_mixed_precision(rng, tmp_path
         lambda **kw: TokenAndPositionEmbedding(VOCAB, DIM, normalization="layer_norm", **kw),
         [ids], policy="mixed_bfloat16")
     assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"
+
+
+# int8 quantisation: `q = round(E · s)` with `s_v = 127 / max|E_v|`, so every dequantised entry
+# is within half a step, `max|E_v| / 254`, of the float one; that bound (not a loose tolerance)
+# is what the lookup and the logits are checked against.
+
+
+def quantised(tie_weights=True, rng=None, **kwargs):
+    """A built layer with random tables and its float32 copies (table `[V, d]`, output matrix)."""
+    layer = make_layer(tie_weights=tie_weights, **kwargs)
+    layer.build((2, 5))
+    for weight in layer.weights:
+        weight.assign(rng.normal(size=weight.shape).astype("float32"))
+    table = to_numpy(layer.embeddings).copy()
+    output = table.T if tie_weights else to_numpy(layer.reverse_embeddings).copy()
+    layer.quantize("int8")
+    return layer, table, output
+
+
+def half_step(matrix, axis):
+    return np.abs(matrix).max(axis=axis, keepdims=True) / 254
+
+
+@pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
+def test_int8_variables_replace_the_float_tables(rng, tie_weights):
+    layer, _, _ = quantised(tie_weights, rng)
+    assert layer.quantization_mode == "int8" and layer.dtype_policy.name == "int8_from_float32"
+    assert layer.trainable_weights == []
+    found = {w.name: (keras.backend.standardize_dtype(w.dtype), tuple(w.shape))
+             for w in layer.weights}
+    expected = {"embeddings": ("int8", (VOCAB, DIM)), "embeddings_scale": ("float32", (VOCAB,))}
+    if not tie_weights:
+        expected.update(reverse_embeddings=("int8", (DIM, VOCAB)),
+                        reverse_embeddings_scale=("float32", (VOCAB,)))
+    assert found == expected
+
+
+@pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("shape", [(2, 5), (4, 20)], ids=["few_rows", "many_rows"])
+def test_int8_lookup_and_logits_stay_within_the_rounding_bound(rng, tie_weights, shape):
+    layer, table, output = quantised(tie_weights, rng, scale=True)
+    ids = rng.integers(0, VOCAB, size=shape).astype("int32")
+    error = np.abs(to_numpy(layer(ids)) / np.sqrt(DIM) - table[ids])
+    assert np.all(error <= half_step(table, -1)[ids] * (1 + 1e-5) + 1e-7)
+    assert error.max() > 0  # the table really is int8
+    # Both sizes: the decoding path (table first) and the batch path (rows first).
+    hidden = rng.normal(size=shape + (DIM,)).astype("float32")
+    logits = to_numpy(layer(hidden, reverse=True))
+    bound = np.abs(hidden).sum(-1, keepdims=True) * half_step(output, 0)
+    assert np.all(np.abs(logits - hidden @ output) <= bound * (1 + 1e-5) + 1e-5)
+
+
+@pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
+def test_int8_saving_keeps_the_int8_state(rng, tmp_path, tie_weights):
+    layer, _, _ = quantised(tie_weights, rng, scale=True)
+    model = language_model(layer)
+    loaded = check_saving(model, [token_ids(rng)], tmp_path, atol=0)
+    assert sorted(keras.backend.standardize_dtype(w.dtype) for w in loaded.weights) == \
+        sorted(keras.backend.standardize_dtype(w.dtype) for w in model.weights)
+    # Keras' order for (Reversible)Embedding: table, scale, then the untied matrix and scale.
+    store = {}
+    layer.save_own_variables(store)
+    names = layer.variable_serialization_spec["int8"]
+    assert [tuple(store[str(i)].shape) for i in range(len(store))] == \
+        [tuple(getattr(layer, name).shape) for name in names]
+    assert names[:2] == ["embeddings", "embeddings_scale"] and len(store) == (2 if tie_weights else 4)
+
+
+@pytest.mark.parametrize("mode", ["float8", "int4"])
+def test_unsupported_quantization_modes_raise_as_keras_embedding(mode):
+    layer = make_layer()
+    layer.build((2, 5))
+    with pytest.raises(NotImplementedError, match=f"mode={mode}"):
+        layer.quantize(mode)
+    assert layer.quantization_mode is None
+    assert keras.backend.standardize_dtype(layer.embeddings.dtype) == "float32"
+
+
+def test_int8_under_bfloat16_compute(rng):
+    layer = make_layer(dtype="mixed_bfloat16", tie_weights=False)
+    layer.build((2, 5))
+    layer.quantize("int8")
+    assert layer.dtype_policy.name == "int8_from_mixed_bfloat16"
+    hidden = layer(token_ids(rng))
+    logits = layer(hidden, reverse=True)
+    assert keras.backend.standardize_dtype(hidden.dtype) == "bfloat16"
+    assert keras.backend.standardize_dtype(logits.dtype) == "bfloat16"
+    assert np.isfinite(to_numpy(keras.ops.cast(logits, "float32"))).all()
+
+
+def test_int8_segment_table_keeps_its_scale_without_segment_ids(rng):
+    # Without segment_ids every token gets segment 0's row: looked up through the int8 layer.
+    layer = TokenAndPositionEmbedding(VOCAB, DIM, position="none", num_segments=2)
+    ids = token_ids(rng)
+    layer.build(ids.shape)
+    expected = to_numpy(layer(ids))
+    layer.segment_embedding.quantize("int8")
+    layer.token_embedding.quantize("int8")
+    np.testing.assert_allclose(to_numpy(layer(ids)), expected, atol=0.05 * np.abs(expected).max())
+    np.testing.assert_allclose(to_numpy(layer(ids)),
+                               to_numpy(layer(ids, segment_ids=np.zeros_like(ids))), atol=1e-6)
