@@ -119,8 +119,9 @@ class TokenEmbedding(keras.layers.Layer):
         ids = ops.cast(inputs, "int32")
         outputs = ops.cast(ops.take(self.embeddings, ids, axis=0), self.compute_dtype)
         if quantized:
-            scale = ops.take(self.embeddings_scale, ids, axis=0)
-            outputs = ops.divide(outputs, ops.cast(ops.expand_dims(scale, -1), outputs.dtype))
+            # From a `[V, 1]` table: Keras' 1-D `take` on PyTorch adds a Squeeze ONNX rejects.
+            scale = ops.take(ops.expand_dims(self.embeddings_scale, -1), ids, axis=0)
+            outputs = ops.divide(outputs, ops.cast(scale, outputs.dtype))
         if self.scale:
             outputs = outputs * ops.cast(self.embedding_dim**0.5, outputs.dtype)
         return outputs
