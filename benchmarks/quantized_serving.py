@@ -7,7 +7,8 @@ tied embeddings) is trained for `--steps` AdamW steps on Shakespeare (`load_text
 windows of 64 characters; the last tenth of the text is held out), saved as `.keras`, reloaded
 twice, and one copy is quantised with `model.quantize("int8")` (Keras quantises the `Dense` and
 `EinsumDense` layers: attention projections and feedforward, weights and activations per
-channel / per token; the tied token embedding stays float32). On held-out windows:
+channel / per token; keras_xf's tied `TokenEmbedding` table, one scale per token). On held-out
+windows:
 
 - the largest |logit difference| and its ratio to the largest |logit|;
 - next-token accuracy of each model, and how often their argmax agrees;

@@ -22,8 +22,8 @@ Every unsupported combination raises a `ValueError` that says why and what to us
 The SavedModel of a generating task (`CausalLM`, `Seq2SeqLM`, `VisionLanguageLM`) also has a
 `generate` endpoint: `model.generate`'s cached loop (see `export_saved_model`); on PyTorch a
 `CausalLM`'s cached decoding step exports on its own (`export_decode_step`). A model
-quantised with `model.quantize("int8")` (its `Dense` and `EinsumDense` kernels int8) exports
-through the same functions. See `docs/export.md`.
+quantised with `model.quantize("int8")` (its `Dense` and `EinsumDense` kernels and its
+`TokenEmbedding` table int8) exports through the same functions. See `docs/export.md`.
 
 Example:
 >>> lm.export("/tmp/lm")                   # TensorFlow or JAX backend: export_saved_model
