@@ -20,6 +20,7 @@ from keras_xf import export
 from tests.models.tiny import causal_lm
 from tests.models.tiny import randomize_embeddings
 from tests.models.tiny import seq2seq_lm
+from tests.models.tiny import text_classifier
 from tests.models.tiny import token_batch
 
 BACKEND = keras.config.backend()
@@ -75,6 +76,23 @@ def test_int8_causal_lm_keras_file_round_trip_and_generate(causal, tmp_path):
     np.testing.assert_array_equal(loaded.generate(prompts, max_length=10)["token_ids"],
                                   expected["token_ids"])
     assert (expected["token_ids"][:, 5:] != 0).any()  # it generated past the prompts
+
+
+def test_int8_task_with_a_recorded_backbone_round_trips(tmp_path):
+    # A classifier records its backbone's config at construction (float32 then): loading
+    # quantises the layers its saved policy map names before the int8 weights are read.
+    model = randomize_embeddings(text_classifier())
+    inputs = token_batch(np.random.default_rng(1))
+    model.predict(inputs, verbose=0)
+    model.quantize("int8")
+    path = str(tmp_path / "classifier.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    modes = {layer.path: layer.quantization_mode for layer in loaded._flatten_layers()}
+    assert modes == {layer.path: layer.quantization_mode for layer in model._flatten_layers()}
+    assert "int8" in modes.values()
+    np.testing.assert_array_equal(np.asarray(loaded.predict(inputs, verbose=0)),
+                                  np.asarray(model.predict(inputs, verbose=0)))
 
 
 def test_blocks_quantise_and_logits_stay_close(causal):

@@ -40,7 +40,16 @@ class FunctionalModel(keras.Model):
 
     @classmethod
     def from_config(cls, config):
-        return cls(**config)
+        model = cls(**config)
+        # Sub-models recorded at construction (a task's backbone) hold a float policy: the
+        # saved map names their quantised layers, which Keras quantises when given the policy.
+        policy = keras.dtype_policies.get(config["dtype"]) if config.get("dtype") else None
+        if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            paths = set(policy)
+            for layer in model._flatten_layers():
+                if layer.path in paths and layer.quantization_mode is None:
+                    layer.dtype_policy = policy[layer.path]
+        return model
 
     def compile_from_config(self, config):
         """Re-compiles a loaded model with its saved optimizer, loss and metrics (tasks
@@ -80,8 +89,8 @@ def layer_dtype(dtype):
 
 def quantized_policy_map(model):
     """`model`'s policy, or after `model.quantize(...)` a `DTypePolicyMap` from each quantised
-    layer's path to its policy (keras-hub's `Backbone` does the same): sub-layers built with it
-    rebuild their quantised variables when a `.keras` file is loaded."""
+    layer's path to its policy (keras-hub's `Backbone` does the same): sub-layers built with it,
+    or given it by `from_config`, rebuild their quantised variables when a `.keras` file loads."""
     policy = model.dtype_policy
     if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
         return policy
