@@ -10,11 +10,8 @@ from keras_xf.layers.mixers.depthwise_convolution import DepthwiseConvolution
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.mixers.state_space_mixer import _inverse_softplus_dt
 from keras_xf.layers.mixers.state_space_mixer import selective_scan
-from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
-from keras_xf.ops.checks import check_sequence_width
-from keras_xf.ops.checks import check_states
 from keras_xf.ops.scan import METHODS
 
 # Mamba's discretisation: Ā = exp(ΔA) by zero-order hold, B̄ = ΔB by Euler.
@@ -80,6 +77,7 @@ class MambaMixer(SequenceMixer):
     """
 
     cache_is_recurrent = True
+    no_attention_mask = "a state-space model has no pairwise mask; use padding_mask"
 
     def __init__(
         self,
@@ -200,15 +198,8 @@ class MambaMixer(SequenceMixer):
         cache_index=None,
         training=None,
     ):
-        check_sequence_width(inputs, self.width)
-        check_padding_mask(padding_mask, inputs)
-        if cache is not None:
-            check_states(cache, "cache", self._cache_shapes(inputs.shape[0]))
-        if attention_mask is not None:
-            raise ValueError(
-                "MambaMixer has no pairwise attention mask: pass padding_mask instead. "
-                f"Received: attention_mask with shape {attention_mask.shape}"
-            )
+        self.check_call_inputs(inputs, self.width, padding_mask, attention_mask, cache,
+                               self._cache_shapes(inputs.shape[0]))
         x, z = ops.split(self.input_projection(inputs), 2, axis=-1)
         if cache is None:
             x = self.convolution(x, padding_mask=padding_mask)

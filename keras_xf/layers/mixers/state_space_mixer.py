@@ -7,11 +7,8 @@ import numpy as np
 from keras import ops
 
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
-from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
-from keras_xf.ops.checks import check_sequence_width
-from keras_xf.ops.checks import check_state
 from keras_xf.ops.scan import METHODS
 from keras_xf.ops.scan import linear_recurrence
 from keras_xf.ops.scan import prefix_scan
@@ -152,6 +149,7 @@ class StateSpaceMixer(SequenceMixer):
     """
 
     cache_is_recurrent = True
+    no_attention_mask = "a state-space model has no pairwise mask; use padding_mask"
 
     def __init__(
         self,
@@ -298,15 +296,8 @@ class StateSpaceMixer(SequenceMixer):
         cache_index=None,
         training=None,
     ):
-        check_sequence_width(inputs, self.width)
-        check_padding_mask(padding_mask, inputs)
-        if cache is not None:
-            check_state(cache, "cache", self._cache_shape(inputs.shape[0]))
-        if attention_mask is not None:
-            raise ValueError(
-                "StateSpaceMixer has no pairwise attention mask: pass padding_mask instead. "
-                f"Received: attention_mask with shape {attention_mask.shape}"
-            )
+        self.check_call_inputs(inputs, self.width, padding_mask, attention_mask, cache,
+                               self._cache_shape(inputs.shape[0]))
         x = ops.cast(inputs, "float32")
         mask = None
         if padding_mask is not None:
