@@ -1,7 +1,6 @@
 """Encoder-only sequence classifier (survey §6)."""
 
 import keras
-from keras import ops
 
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
@@ -13,6 +12,7 @@ from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.presets import preset_config
 from keras_xf.models.transformer_backbone import TransformerBackbone
+from keras_xf.models.transformer_backbone import pooled_states
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -57,8 +57,7 @@ class TextClassifier(FunctionalModel):
 
         # Functional model
         inputs = token_inputs(segments=backbone.uses_segment_ids)
-        hidden = backbone(inputs)
-        pooled = self.pooling(hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"))
+        pooled = pooled_states(backbone, self.pooling, inputs)
         logits = self.head(pooled)
         super().__init__(inputs=inputs, outputs=logits, name=name, dtype=dtype,
                          trainable=trainable)

@@ -11,6 +11,7 @@ from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.presets import preset_config
 from keras_xf.models.transformer_backbone import TransformerBackbone
+from keras_xf.models.transformer_backbone import pooled_states
 from keras_xf.ops.checks import get_activation
 
 
@@ -66,8 +67,7 @@ class TextEncoder(FunctionalModel):
 
         # Functional model
         inputs = token_inputs(segments=backbone.uses_segment_ids)
-        hidden = backbone(inputs)
-        pooled = self.pooling(hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"))
+        pooled = pooled_states(backbone, self.pooling, inputs)
         if self.projection is not None:
             pooled = self.projection(pooled)
         embedding = ops.cast(pooled, "float32")
