@@ -73,12 +73,7 @@ class SequenceConvolution(SequenceMixer):
         )
 
     def _check_inputs_shape(self, inputs_shape):
-        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                f"{type(self).__name__} expects inputs of rank 3 [batch, length, dim] with a "
-                f"known dim. Received: inputs_shape={tuple(inputs_shape)}"
-            )
-        self.input_dim = int(inputs_shape[-1])
+        self.input_dim = self.check_inputs_shape(inputs_shape)
         return self.input_dim
 
     # Cache -------------------------------------------------------------------------------

@@ -112,13 +112,7 @@ class AverageAttention(SequenceMixer):
         )
 
     def build(self, inputs_shape):
-        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                "AverageAttention expects inputs [batch, length, dim] with a known dim. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
-            )
-        width = inputs_shape[-1]
-        self.width = width
+        self.width = width = self.check_inputs_shape(inputs_shape)
         self.ffn_inner = self.ffn_outer = self.gate_dense = None
         if self.use_ffn:
             hidden = self.intermediate_dim or width

@@ -245,13 +245,7 @@ class LinearAttention(SequenceMixer):
         return self.head_dim
 
     def build(self, inputs_shape):
-        if len(inputs_shape) != 3:
-            raise ValueError(
-                "LinearAttention expects inputs of rank 3 [batch, length, dim]. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
-            )
-        hidden_dim = inputs_shape[-1]
-        self.input_dim = hidden_dim
+        self.input_dim = hidden_dim = self.check_inputs_shape(inputs_shape)
         if self.head_dim is None:
             if hidden_dim % self.num_heads:
                 raise ValueError(

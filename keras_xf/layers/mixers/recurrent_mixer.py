@@ -128,13 +128,7 @@ class RecurrentMixer(SequenceMixer):
         return (width + 1) // 2 if self.bidirectional else width
 
     def build(self, inputs_shape):
-        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                "RecurrentMixer expects inputs [batch, length, dim] with a known dim. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
-            )
-        width = inputs_shape[-1]
-        self.input_dim = int(width)
+        self.input_dim = width = self.check_inputs_shape(inputs_shape)
         self.state_units = self._state_units(width)
         layer_class = keras.layers.LSTM if self.cell == "lstm" else keras.layers.GRU
         rnn = layer_class(

@@ -33,6 +33,16 @@ class SequenceMixer(keras.layers.Layer):
     cache_is_recurrent = False
     no_attention_mask = None
 
+    def check_inputs_shape(self, inputs_shape):
+        """The width `d` of `inputs_shape` `[batch, length, d]` given to `build`, which needs
+        it known; else a `ValueError` naming `inputs_shape`."""
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                f"{type(self).__name__} expects inputs of rank 3 [batch, length, dim] with a "
+                f"known dim. Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        return int(inputs_shape[-1])
+
     def check_call_inputs(self, inputs, width, padding_mask=None, attention_mask=None,
                           cache=None, cache_shape=None):
         """The checks every mixer without a pairwise mask makes on its call inputs: `inputs`

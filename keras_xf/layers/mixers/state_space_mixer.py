@@ -84,6 +84,18 @@ def discretize(discretization, dt, a_real, a_imag, b_real, b_imag):
     return a_bar, _complex_mul(factor[0], factor[1], b_real, b_im)
 
 
+def check_scan_arguments(dt_min, dt_max, method, chunk_size):
+    """The step range `0 < dt_min <= dt_max` of the initial `Δ` and the scan (`method`,
+    `chunk_size`) of `StateSpaceMixer` and `MambaMixer`."""
+    check_positive_number("dt_min", dt_min)
+    check_positive_number("dt_max", dt_max)
+    if not dt_min <= dt_max:
+        raise ValueError(f"Need 0 < dt_min <= dt_max. Received: dt_min={dt_min}, dt_max={dt_max}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
+    check_positive_int("chunk_size", chunk_size)
+
+
 @keras.saving.register_keras_serializable(package="keras_xf")
 class StateSpaceMixer(SequenceMixer):
     """A diagonal state-space model per channel as a causal sequence mixer (survey §5.5.3).
@@ -182,15 +194,7 @@ class StateSpaceMixer(SequenceMixer):
                 f"discretization must be one of {DISCRETIZATIONS}. "
                 f"Received: discretization={discretization!r}"
             )
-        check_positive_number("dt_min", dt_min)
-        check_positive_number("dt_max", dt_max)
-        if not dt_min <= dt_max:
-            raise ValueError(
-                f"Need 0 < dt_min <= dt_max. Received: dt_min={dt_min}, dt_max={dt_max}"
-            )
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
-        check_positive_int("chunk_size", chunk_size)
+        check_scan_arguments(dt_min, dt_max, method, chunk_size)
         self.state_size = state_size
         self.init = init
         self.discretization = discretization
@@ -206,10 +210,7 @@ class StateSpaceMixer(SequenceMixer):
 
     # Weights -------------------------------------------------------------------------------
     def build(self, inputs_shape):
-        width = inputs_shape[-1]
-        if width is None:
-            raise ValueError(f"StateSpaceMixer needs a known width. Received: shape={inputs_shape}")
-        self.width = width
+        self.width = width = self.check_inputs_shape(inputs_shape)
         n = self.state_size
         a_real, a_imag = hippo_diagonal(self.init, n)
         a_log = np.tile(np.log(-a_real), (width, 1))
