@@ -22,7 +22,9 @@ class TextClassifier(FunctionalModel):
     Args:
         num_classes: int.
         backbone: a non-causal `TransformerBackbone`, or its arguments as keywords.
-        pooling: `"cls"`, `"mean"` (default) or `"max"`.
+        pooling: `"cls"`, `"mean"` (default) or `"max"`. With `"cls"` the backbone's last
+            layer computes the first position alone (its keys and values still span the
+            sequence; the logits are the same).
         head_intermediate_dim: optional hidden layer width in the head (BERT-style tanh
             pooler).
         head_dropout: dropout before the output layer.

@@ -25,7 +25,9 @@ class TextEncoder(FunctionalModel):
 
     Args:
         backbone: a `TransformerBackbone` (non-causal), or its arguments as keywords.
-        pooling: `"mean"` (default), `"cls"` or `"max"` over the padding mask.
+        pooling: `"mean"` (default), `"cls"` or `"max"` over the padding mask. With
+            `"cls"` the backbone's last layer computes the first position alone (its keys
+            and values still span the sequence; the embedding is the same).
         projection_dim: optional int, a projection `W_p · p + b_p` after pooling.
         projection_activation: optional activation of that projection (linear by default).
         normalize: bool, L2-normalise the embedding (cosine similarity = dot product).
