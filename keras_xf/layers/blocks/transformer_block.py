@@ -65,8 +65,8 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
 
     Returns:
         `[B, T, d]` (`[B, n, d]` with `output_length`), or `(outputs, new_cache)` when a
-        cache is given. When the mixer returns
-        a dict (e.g. with `return_attention_scores=True`), one dict: its entries (such as
+        cache is given. When the mixer returns a dict (e.g. with
+        `return_attention_scores=True`), one dict: its entries (such as
         `"attention_scores"`), `"outputs"` the block's outputs, and `"cache"` the block's new
         cache when a cache is given.
 
