@@ -135,7 +135,8 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         `[B, T, d]` (`[B, n, d]` with `output_length`), or `(outputs, new_caches)` when a
         cache is given. When the blocks return dicts at the caller's request (e.g.
         `return_attention_scores=True`), one dict: `"outputs"`, `"cache"` (the tuple of new
-        caches) when a cache is given, and each other entry as a tuple with one value per layer (`None` for a layer without it).
+        caches) when a cache is given, and each other entry as a tuple with one value per
+        layer (`None` for a layer without it).
 
     Example:
     >>> block = TransformerBlock(MultiHeadAttention(4), FeedForward(64), norm_placement="pre")
