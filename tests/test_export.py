@@ -36,8 +36,10 @@ def tiny_seq2seq_lm():
 
 
 def tiny_text_classifier():
-    return TextClassifier(num_classes=3, vocabulary_size=VOCABULARY, num_layers=1, hidden_dim=16,
-                          num_heads=2, intermediate_dim=32, max_sequence_length=24)
+    # [CLS] pooling: the exported graph runs the last layer on the first position alone.
+    return TextClassifier(num_classes=3, vocabulary_size=VOCABULARY, num_layers=2, hidden_dim=16,
+                          num_heads=2, intermediate_dim=32, max_sequence_length=24,
+                          pooling="cls")
 
 
 def tiny_text_encoder():

@@ -22,6 +22,7 @@ GENERIC_ARGUMENTS = (
     "cache_index",
     "training",
     "mixer_options",
+    "output_length",
 )
 
 
@@ -65,6 +66,13 @@ class PassesMixerArguments:
         if options:
             kwargs["mixer_options"] = options
         return super().__call__(*args, **kwargs)
+
+
+def first_positions(shape, output_length):
+    """The outputs' shape: `shape` `[B, T, d]`, with `T` replaced by `output_length` (the
+    generic layers' call argument: only the first positions are computed) when given."""
+    shape = tuple(shape)
+    return shape if output_length is None else (shape[0], output_length) + shape[2:]
 
 
 def new_specs(structure):

@@ -1,7 +1,6 @@
 """Encoder-only sequence classifier (survey §6)."""
 
 import keras
-from keras import ops
 
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
@@ -13,6 +12,7 @@ from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.presets import preset_config
 from keras_xf.models.transformer_backbone import TransformerBackbone
+from keras_xf.models.transformer_backbone import pooled_states
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -22,7 +22,9 @@ class TextClassifier(FunctionalModel):
     Args:
         num_classes: int.
         backbone: a non-causal `TransformerBackbone`, or its arguments as keywords.
-        pooling: `"cls"`, `"mean"` (default) or `"max"`.
+        pooling: `"cls"`, `"mean"` (default) or `"max"`. With `"cls"` the backbone's last
+            layer computes the first position alone (its keys and values still span the
+            sequence; the logits are the same).
         head_intermediate_dim: optional hidden layer width in the head (BERT-style tanh
             pooler).
         head_dropout: dropout before the output layer.
@@ -57,8 +59,7 @@ class TextClassifier(FunctionalModel):
 
         # Functional model
         inputs = token_inputs(segments=backbone.uses_segment_ids)
-        hidden = backbone(inputs)
-        pooled = self.pooling(hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"))
+        pooled = pooled_states(backbone, self.pooling, inputs)
         logits = self.head(pooled)
         super().__init__(inputs=inputs, outputs=logits, name=name, dtype=dtype,
                          trainable=trainable)

@@ -11,6 +11,7 @@ from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.presets import preset_config
 from keras_xf.models.transformer_backbone import TransformerBackbone
+from keras_xf.models.transformer_backbone import pooled_states
 from keras_xf.ops.checks import get_activation
 
 
@@ -24,7 +25,9 @@ class TextEncoder(FunctionalModel):
 
     Args:
         backbone: a `TransformerBackbone` (non-causal), or its arguments as keywords.
-        pooling: `"mean"` (default), `"cls"` or `"max"` over the padding mask.
+        pooling: `"mean"` (default), `"cls"` or `"max"` over the padding mask. With
+            `"cls"` the backbone's last layer computes the first position alone (its keys
+            and values still span the sequence; the embedding is the same).
         projection_dim: optional int, a projection `W_p · p + b_p` after pooling.
         projection_activation: optional activation of that projection (linear by default).
         normalize: bool, L2-normalise the embedding (cosine similarity = dot product).
@@ -66,8 +69,7 @@ class TextEncoder(FunctionalModel):
 
         # Functional model
         inputs = token_inputs(segments=backbone.uses_segment_ids)
-        hidden = backbone(inputs)
-        pooled = self.pooling(hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"))
+        pooled = pooled_states(backbone, self.pooling, inputs)
         if self.projection is not None:
             pooled = self.projection(pooled)
         embedding = ops.cast(pooled, "float32")

@@ -13,6 +13,7 @@ from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
 from keras_xf.models.block_factory import prepare_block
+from keras_xf.ops.checks import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -60,7 +61,9 @@ class TransformerBackbone(FunctionalModel):
 
     Inputs: `{"token_ids": int [B, T], "padding_mask": [B, T]}`, and `"segment_ids": int
     [B, T]` with `num_segments >= 2`.
-    Outputs: `[B, T, d]` hidden states.
+    Outputs: `[B, T, d]` hidden states; called with `output_length=n`, those of the first
+    `n` positions, `[B, n, d]`, the last layer computing only them (`TransformerStack`): a
+    `[CLS]`-pooling task passes `n = 1` (`pooled_states`).
 
     Example:
     >>> backbone = TransformerBackbone(1000, num_layers=2, hidden_dim=32, num_heads=4,
@@ -125,10 +128,7 @@ class TransformerBackbone(FunctionalModel):
 
         # Functional model
         inputs = token_inputs(segments=takes_segment_ids(num_segments))
-        hidden = self.embeddings(inputs["token_ids"], segment_ids=inputs.get("segment_ids"))
-        hidden = self.transformer_stack(
-            hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"), use_causal_mask=causal
-        )
+        hidden = self._encode(inputs, causal)
         super().__init__(
             inputs=inputs,
             outputs=hidden,
@@ -139,6 +139,28 @@ class TransformerBackbone(FunctionalModel):
         # Config
         record_config(self, locals())
 
+    def _encode(self, inputs, causal, output_length=None):
+        """The embeddings and the stack, on the model's inputs (symbolic or not)."""
+        hidden = self.embeddings(inputs["token_ids"], segment_ids=inputs.get("segment_ids"))
+        return self.transformer_stack(
+            hidden, padding_mask=ops.cast(inputs["padding_mask"], "bool"),
+            use_causal_mask=causal, output_length=output_length,
+        )
+
+    def call(self, inputs, training=None, mask=None, output_length=None):
+        # The functional graph computes every position; the first ones alone run the layers
+        # directly, with the same weights.
+        if output_length is None:
+            return super().call(inputs, training=training, mask=mask)
+        return self._encode(inputs, self.causal, output_length)
+
+    def compute_output_spec(self, inputs, training=None, mask=None, output_length=None):
+        spec = super().compute_output_spec(inputs, training=training, mask=mask)
+        if output_length is None:
+            return spec
+        check_positive_int("output_length", output_length)
+        return keras.KerasTensor((spec.shape[0], output_length, spec.shape[2]), dtype=spec.dtype)
+
     @property
     def uses_segment_ids(self):
         """Whether the model takes a `segment_ids` input (`num_segments >= 2`)."""
@@ -147,3 +169,13 @@ class TransformerBackbone(FunctionalModel):
     @property
     def token_embedding(self):
         return self.embeddings.token_embedding
+
+
+def pooled_states(backbone, pooling, inputs):
+    """`Pool(Encoder(x))` of a task whose output depends on the pooled state alone: with
+    `[CLS]` (first-token) pooling the backbone's last layer computes that position only
+    (`output_length=1`: its keys and values still span all positions, so the state is the
+    same), otherwise the pooling reduces all states over the padding mask."""
+    if pooling.mode == "cls":
+        return pooling(backbone(inputs, output_length=1))
+    return pooling(backbone(inputs), padding_mask=ops.cast(inputs["padding_mask"], "bool"))

@@ -273,3 +273,18 @@ def check_attention_mask(mask, batch_size, query_length, key_length, num_heads=N
             f"{key_length}). Received: {name}.shape={shape}"
         )
     return mask
+
+
+def check_output_length(output_length, inputs, name="output_length", inputs_name="inputs"):
+    """`None`, or an int `n` with `1 <= n <= length` of `inputs` `[batch, length, dim]` (the
+    length when it is known at trace time): the first `n` positions a layer computes."""
+    if output_length is None:
+        return None
+    check_positive_int(name, output_length)
+    length = static_dim(tuple(inputs.shape)[1])
+    if length is not None and output_length > length:
+        raise ValueError(
+            f"{name} must be at most the length of {inputs_name}, "
+            f"{inputs_name}.shape={_shape(inputs)}. Received: {name}={output_length}"
+        )
+    return int(output_length)

@@ -70,6 +70,8 @@ MODELS = {
         embedding_epsilon=1e-6, position_offset=2, pooling="cls", projection_dim=WIDTH,
         projection_activation="tanh", normalize=False),
     "text_classifier": lambda: text_classifier(num_classes=3, head_intermediate_dim=8),
+    # [CLS] pooling: the last layer computes the first position alone.
+    "text_classifier_cls": lambda: text_classifier(num_classes=3, num_layers=2, pooling="cls"),
     "transformer_backbone": lambda: TransformerBackbone(**SIZES, num_layers=1, causal=True),
     "seq2seq_backbone": lambda: Seq2SeqBackbone(**SIZES, num_layers=1),
 }

@@ -47,6 +47,14 @@ def test_head_intermediate_dim_adds_a_pooler(rng):
     np.testing.assert_allclose(to_numpy(model(batch)), head_only, atol=1e-5)
 
 
+def test_cls_pooling_equals_the_full_path_with_padding(rng):
+    model = text_classifier(num_classes=3, num_layers=2, pooling="cls", norm_placement="pre")
+    batch = token_batch(rng, lengths=[8, 2])
+    expected = to_numpy(model.head(to_numpy(model.backbone(batch))[:, 0]))
+    np.testing.assert_allclose(to_numpy(model(batch)), expected, atol=2e-6, rtol=2e-6)
+    np.testing.assert_allclose(model.predict(batch, verbose=0), expected, atol=2e-6, rtol=2e-6)
+
+
 def test_trains_on_a_separable_task(rng):
     x, y = separable_task(rng)
     model = text_classifier()

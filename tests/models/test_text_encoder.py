@@ -85,6 +85,22 @@ def test_other_poolings(rng, pooling):
     np.testing.assert_allclose(outputs, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("norm_placement", ["pre", "post"])
+def test_cls_pooling_computes_the_first_row_of_the_last_layer_alone(rng, norm_placement):
+    model = randomize_embeddings(text_encoder(
+        num_layers=2, pooling="cls", norm_placement=norm_placement, projection_dim=WIDTH,
+        projection_activation="tanh", normalize=False))
+    batch = token_batch(rng, lengths=[8, 3])
+    # The full path: every position through every layer, then the first row.
+    hidden = to_numpy(model.backbone(batch))
+    expected = to_numpy(model.projection(hidden[:, 0]))
+    first = to_numpy(model.backbone(batch, output_length=1))
+    assert first.shape == (2, 1, WIDTH)
+    np.testing.assert_allclose(first[:, 0], hidden[:, 0], atol=2e-6, rtol=2e-6)
+    np.testing.assert_allclose(embed(model, batch), expected, atol=2e-6, rtol=2e-6)
+    np.testing.assert_allclose(model.predict(batch, verbose=0), expected, atol=2e-6, rtol=2e-6)
+
+
 def test_config_round_trip():
     model = text_encoder(pooling="max", projection_dim=8, normalize=False)
     config = model.get_config()

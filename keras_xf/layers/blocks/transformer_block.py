@@ -2,7 +2,9 @@
 
 import keras
 
+from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import first_positions
 from keras_xf.layers.block_contract import join_results
 from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
@@ -13,6 +15,7 @@ from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.residual.residual import validate_normalization
+from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_rank
 
@@ -53,10 +56,17 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
             (e.g. `attention_bias`, `attention_multiplier`, `attention_weights`,
             `return_attention_scores` of `MultiHeadAttention`); `PassesMixerArguments` moves
             the Python values among them into `mixer_options` for Keras.
+        output_length: optional int `n ≤ T`: the block returns the first `n` positions only,
+            `[B, n, d]`. Where `computes_first_positions` holds and no cache or
+            mixer-specific argument is given, only those rows are computed: the mixer's
+            queries, the residuals, the norms and the feedforward run on them, the keys and
+            values on all `T` positions (an `attention_mask` loses its other query rows), so
+            the rows equal those of the full block. Otherwise the full outputs are sliced.
 
     Returns:
-        `[B, T, d]`, or `(outputs, new_cache)` when a cache is given. When the mixer returns
-        a dict (e.g. with `return_attention_scores=True`), one dict: its entries (such as
+        `[B, T, d]` (`[B, n, d]` with `output_length`), or `(outputs, new_cache)` when a
+        cache is given. When the mixer returns a dict (e.g. with
+        `return_attention_scores=True`), one dict: its entries (such as
         `"attention_scores"`), `"outputs"` the block's outputs, and `"cache"` the block's new
         cache when a cache is given.
 
@@ -122,6 +132,21 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         return None if residual is None else residual.layer
 
     @property
+    def computes_first_positions(self):
+        """Whether `output_length` computes the first positions alone, exactly: the mixer is
+        a `MultiHeadAttention` (not a subclass, which may reduce or select keys per call)
+        without an attention pattern, whose rows depend on their own query and position
+        only; there is no cross-attention; the feedforward is position-wise without a
+        padding mask (a mixture of experts with capacity depends on the other tokens)."""
+        mixer, feedforward = self.mixer, self.feedforward
+        return (
+            type(mixer) is MultiHeadAttention
+            and mixer.pattern is None
+            and self.cross_attention is None
+            and (feedforward is None or not feedforward.uses_padding_mask)
+        )
+
+    @property
     def cross_attention(self):
         residual = self.cross_attention_residual
         return None if residual is None else residual.layer
@@ -162,12 +187,22 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         cache_index=None,
         training=None,
         mixer_options=None,
+        output_length=None,
         **kwargs,
     ):
         check_rank("inputs", inputs, 3, "[batch, length, dim]")
+        check_output_length(output_length, inputs)
         self_cache, cross_cache = cache, None
         if cache is not None and self.cross_attention is not None:
             self_cache, cross_cache = cache
+        mixer_kwargs = mixer_arguments(kwargs, mixer_options)
+        rows = None
+        if output_length is not None and cache is None and not mixer_kwargs and (
+            self.computes_first_positions
+        ):
+            rows = output_length
+            if attention_mask is not None:
+                attention_mask = attention_mask[..., :rows, :]
         results = self.mixer_residual(
             inputs,
             padding_mask=padding_mask,
@@ -176,7 +211,8 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
             cache=self_cache,
             cache_index=cache_index,
             training=training,
-            **mixer_arguments(kwargs, mixer_options),
+            output_length=rows,
+            **mixer_kwargs,
         )
         outputs, new_self_cache, extras = split_results(results, self_cache is not None)
 
@@ -206,6 +242,8 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         if self.feedforward_residual is not None:
             outputs = self.feedforward_residual(
                 outputs, training=training, **self._feedforward_kwargs(padding_mask, cache))
+        if output_length is not None and rows is None:
+            outputs = outputs[:, :output_length]
         new_cache = new_self_cache
         if self.cross_attention is not None:
             new_cache = (new_self_cache, new_cross_cache)
@@ -221,8 +259,10 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, *args, cache=None, mixer_options=None, **kwargs):
-        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+    def compute_output_spec(self, inputs, *args, cache=None, mixer_options=None,
+                            output_length=None, **kwargs):
+        outputs = keras.KerasTensor(first_positions(inputs.shape, output_length),
+                                    dtype=self.compute_dtype)
         extra = mixer_arguments(kwargs, mixer_options)
         extras = None
         if extra:

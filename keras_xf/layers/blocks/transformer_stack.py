@@ -4,6 +4,7 @@ import keras
 
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import first_positions
 from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
@@ -13,6 +14,7 @@ from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import serialize_layer
 from keras_xf.layers.residual.residual import make_normalization
+from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_rank
 
 # The layers a stack is made of; each has `mixer`, `normalization`, `norm_placement`, `epsilon`.
@@ -121,12 +123,20 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         As `TransformerBlock`; `cache` is a tuple with one block cache per layer. Any other
         keyword argument (e.g. `attention_bias`, `attention_multiplier`) reaches every
         layer's mixer unchanged.
+        output_length: optional int `n ≤ T`: the stack returns the first `n` positions only,
+            `[B, n, d]` (e.g. `n = 1` for a `[CLS]` pooling). Every layer but the last needs
+            all positions (the next layer's keys and values); the last one computes its
+            queries, residuals, norms and feedforward, and the final norm, on the `n` rows
+            alone where its block allows (`TransformerBlock.output_length`, not with shared
+            score biases, whose table spans the first layer's `T` queries). The rows equal
+            those of the full stack.
 
     Returns:
-        `[B, T, d]`, or `(outputs, new_caches)` when a cache is given. When the blocks return
-        dicts at the caller's request (e.g. `return_attention_scores=True`), one dict:
-        `"outputs"`, `"cache"` (the tuple of new caches) when a cache is given, and each
-        other entry as a tuple with one value per layer (`None` for a layer without it).
+        `[B, T, d]` (`[B, n, d]` with `output_length`), or `(outputs, new_caches)` when a
+        cache is given. When the blocks return dicts at the caller's request (e.g.
+        `return_attention_scores=True`), one dict: `"outputs"`, `"cache"` (the tuple of new
+        caches) when a cache is given, and each other entry as a tuple with one value per
+        layer (`None` for a layer without it).
 
     Example:
     >>> block = TransformerBlock(MultiHeadAttention(4), FeedForward(64), norm_placement="pre")
@@ -199,9 +209,11 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         cache_index=None,
         training=None,
         mixer_options=None,
+        output_length=None,
         **kwargs,
     ):
         check_rank("inputs", inputs, 3, "[batch, length, dim]")
+        check_output_length(output_length, inputs)
         if cache is not None and len(cache) != self.num_layers:
             raise ValueError(
                 f"cache must hold one entry per layer ({self.num_layers}). Received: "
@@ -214,7 +226,7 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         try:
             outputs, new_caches, collected = self._call_blocks(
                 inputs, padding_mask, attention_mask, encoder_outputs, encoder_padding_mask,
-                use_causal_mask, cache, cache_index, training, kwargs)
+                use_causal_mask, cache, cache_index, training, kwargs, output_length)
         finally:
             for bias in shared:
                 object.__setattr__(bias, "_stack_terms", None)
@@ -224,13 +236,19 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
 
     def _call_blocks(self, inputs, padding_mask, attention_mask, encoder_outputs,
                      encoder_padding_mask, use_causal_mask, cache, cache_index, training,
-                     kwargs):
+                     kwargs, output_length=None):
         outputs = inputs
         new_caches = []
         collected = {}
         shared_weights = None
+        # The last block computes the first positions itself, or the stack slices its outputs.
+        last_rows = output_length
+        if self._computes_biases_once or not isinstance(self.blocks[-1], TransformerBlock):
+            last_rows = None
         for index, block in enumerate(self.blocks):
             sharing = self._sharing_arguments(index, shared_weights)
+            last = last_rows is not None and index == self.num_layers - 1
+            rows = {"output_length": last_rows} if last else {}
             results = block(
                 outputs,
                 padding_mask=padding_mask,
@@ -241,6 +259,7 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 cache=None if cache is None else cache[index],
                 cache_index=cache_index,
                 training=training,
+                **rows,
                 **dict(kwargs, **sharing),
             )
             outputs, layer_cache, extras = split_results(results, cache is not None)
@@ -252,6 +271,8 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
             if "return_attention_scores" not in sharing or kwargs.get("return_attention_scores"):
                 for key, value in extras.items():
                     collected.setdefault(key, [None] * self.num_layers)[index] = value
+        if output_length is not None and last_rows is None:
+            outputs = outputs[:, :output_length]
         return outputs, new_caches, collected
 
     def _results(self, outputs, new_caches, collected, has_cache):
@@ -278,8 +299,10 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, *args, cache=None, mixer_options=None, **kwargs):
-        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+    def compute_output_spec(self, inputs, *args, cache=None, mixer_options=None,
+                            output_length=None, **kwargs):
+        outputs = keras.KerasTensor(first_positions(inputs.shape, output_length),
+                                    dtype=self.compute_dtype)
         new_caches = [None] * self.num_layers if cache is None else list(new_specs(tuple(cache)))
         extra = mixer_arguments(kwargs, mixer_options)
         collected = {}

@@ -13,11 +13,8 @@ from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
-from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rate
-from keras_xf.ops.checks import check_sequence_width
-from keras_xf.ops.checks import check_state
 from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.convolution import pad_sequence
 from keras_xf.ops.convolution import rolling_cache
@@ -41,6 +38,9 @@ class SequenceConvolution(SequenceMixer):
 
     # The cache is the rolling window of the last K − 1 inputs: each token enters it once.
     cache_is_recurrent = True
+    no_attention_mask = (
+        "a convolution mixes a fixed window of positions; use padding_mask and use_causal_mask"
+    )
 
     def __init__(
         self,
@@ -73,12 +73,7 @@ class SequenceConvolution(SequenceMixer):
         )
 
     def _check_inputs_shape(self, inputs_shape):
-        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                f"{type(self).__name__} expects inputs of rank 3 [batch, length, dim] with a "
-                f"known dim. Received: inputs_shape={tuple(inputs_shape)}"
-            )
-        self.input_dim = int(inputs_shape[-1])
+        self.input_dim = self.check_inputs_shape(inputs_shape)
         return self.input_dim
 
     # Cache -------------------------------------------------------------------------------
@@ -113,16 +108,8 @@ class SequenceConvolution(SequenceMixer):
         cache_index=None,
         training=None,
     ):
-        check_sequence_width(inputs, self.input_dim)
-        check_padding_mask(padding_mask, inputs)
-        if cache is not None:
-            check_state(cache, "cache", (inputs.shape[0], self.kernel_size - 1, self._channels()))
-        if attention_mask is not None:
-            raise ValueError(
-                f"{type(self).__name__} takes no attention_mask: a convolution mixes a fixed "
-                "window of positions; use padding_mask and use_causal_mask. Received: "
-                f"attention_mask of shape {tuple(attention_mask.shape)}"
-            )
+        self.check_call_inputs(inputs, self.input_dim, padding_mask, attention_mask, cache,
+                               (inputs.shape[0], self.kernel_size - 1, self._channels()))
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
         if cache is not None and not causal:
             raise ValueError(

@@ -5,10 +5,7 @@ from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
-from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
-from keras_xf.ops.checks import check_sequence_width
-from keras_xf.ops.checks import check_states
 from keras_xf.ops.checks import get_activation
 from keras_xf.ops.checks import get_initializer
 
@@ -67,6 +64,7 @@ class AverageAttention(SequenceMixer):
     """
 
     cache_is_recurrent = True
+    no_attention_mask = "a running mean has no pairwise mask; use padding_mask and use_causal_mask"
 
     def __init__(
         self,
@@ -114,13 +112,7 @@ class AverageAttention(SequenceMixer):
         )
 
     def build(self, inputs_shape):
-        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                "AverageAttention expects inputs [batch, length, dim] with a known dim. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
-            )
-        width = inputs_shape[-1]
-        self.width = width
+        self.width = width = self.check_inputs_shape(inputs_shape)
         self.ffn_inner = self.ffn_outer = self.gate_dense = None
         if self.use_ffn:
             hidden = self.intermediate_dim or width
@@ -149,17 +141,9 @@ class AverageAttention(SequenceMixer):
         cache_index=None,
         training=None,
     ):
-        check_sequence_width(inputs, self.width)
-        check_padding_mask(padding_mask, inputs)
-        if cache is not None:
-            batch = inputs.shape[0]
-            check_states(cache, "cache", [(batch, self.width), (batch,)])
-        if attention_mask is not None:
-            raise ValueError(
-                "AverageAttention takes no attention_mask (a running mean has no pairwise "
-                "mask); use padding_mask and use_causal_mask. Received: attention_mask of "
-                f"shape {tuple(attention_mask.shape)}"
-            )
+        batch = inputs.shape[0]
+        self.check_call_inputs(inputs, self.width, padding_mask, attention_mask, cache,
+                               [(batch, self.width), (batch,)])
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
         if cache is not None and not causal:
             raise ValueError(

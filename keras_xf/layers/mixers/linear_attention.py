@@ -12,12 +12,9 @@ from keras_xf.layers.head_projections import OUT_OF_HEADS
 from keras_xf.layers.head_projections import head_projection
 from keras_xf.layers.head_projections import project
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
-from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_seed
-from keras_xf.ops.checks import check_sequence_width
-from keras_xf.ops.checks import check_states
 from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.convolution import pad_sequence
 from keras_xf.ops.convolution import rolling_cache
@@ -142,6 +139,9 @@ class LinearAttention(SequenceMixer):
 
     # The cache is a running state, not addressed by position: each token enters it once.
     cache_is_recurrent = True
+    no_attention_mask = (
+        "an arbitrary [T, S] mask has no linear-time form; use padding_mask and use_causal_mask"
+    )
 
     def __init__(
         self,
@@ -245,13 +245,7 @@ class LinearAttention(SequenceMixer):
         return self.head_dim
 
     def build(self, inputs_shape):
-        if len(inputs_shape) != 3:
-            raise ValueError(
-                "LinearAttention expects inputs of rank 3 [batch, length, dim]. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
-            )
-        hidden_dim = inputs_shape[-1]
-        self.input_dim = hidden_dim
+        self.input_dim = hidden_dim = self.check_inputs_shape(inputs_shape)
         if self.head_dim is None:
             if hidden_dim % self.num_heads:
                 raise ValueError(
@@ -396,16 +390,8 @@ class LinearAttention(SequenceMixer):
         cache_index=None,
         training=None,
     ):
-        check_sequence_width(inputs, self.input_dim)
-        check_padding_mask(padding_mask, inputs)
-        if cache is not None:
-            check_states(cache, "cache", self._cache_shapes(inputs.shape[0]))
-        if attention_mask is not None:
-            raise ValueError(
-                "LinearAttention takes no attention_mask: an arbitrary [T, S] mask has no "
-                "linear-time form; use padding_mask and use_causal_mask. Received: "
-                f"attention_mask of shape {tuple(attention_mask.shape)}"
-            )
+        self.check_call_inputs(inputs, self.input_dim, padding_mask, attention_mask, cache,
+                               self._cache_shapes(inputs.shape[0]))
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
         if cache is not None and use_causal_mask is not None and not use_causal_mask:
             raise ValueError(

@@ -9,13 +9,9 @@ from keras import ops
 from keras_xf.layers.mixers.depthwise_convolution import DepthwiseConvolution
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.mixers.state_space_mixer import _inverse_softplus_dt
+from keras_xf.layers.mixers.state_space_mixer import check_scan_arguments
 from keras_xf.layers.mixers.state_space_mixer import selective_scan
-from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
-from keras_xf.ops.checks import check_positive_number
-from keras_xf.ops.checks import check_sequence_width
-from keras_xf.ops.checks import check_states
-from keras_xf.ops.scan import METHODS
 
 # Mamba's discretisation: Ā = exp(ΔA) by zero-order hold, B̄ = ΔB by Euler.
 DISCRETIZATION = "zoh_euler"
@@ -80,6 +76,7 @@ class MambaMixer(SequenceMixer):
     """
 
     cache_is_recurrent = True
+    no_attention_mask = "a state-space model has no pairwise mask; use padding_mask"
 
     def __init__(
         self,
@@ -104,15 +101,7 @@ class MambaMixer(SequenceMixer):
         for name, value in (("use_bias", use_bias), ("use_conv_bias", use_conv_bias)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool. Received: {name}={value!r}")
-        check_positive_number("dt_min", dt_min)
-        check_positive_number("dt_max", dt_max)
-        if not dt_min <= dt_max:
-            raise ValueError(
-                f"Need 0 < dt_min <= dt_max. Received: dt_min={dt_min}, dt_max={dt_max}"
-            )
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
-        check_positive_int("chunk_size", chunk_size)
+        check_scan_arguments(dt_min, dt_max, method, chunk_size)
         self.state_size = state_size
         self.expand = expand
         self.conv_kernel = conv_kernel
@@ -128,13 +117,7 @@ class MambaMixer(SequenceMixer):
 
     # Weights -------------------------------------------------------------------------------
     def build(self, inputs_shape):
-        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                "MambaMixer expects inputs of rank 3 [batch, length, dim] with a known dim. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
-            )
-        width = inputs_shape[-1]
-        self.width = width = int(width)
+        self.width = width = self.check_inputs_shape(inputs_shape)
         inner = self.inner_dim = self.expand * width
         rank = self.rank = math.ceil(width / 16) if self.dt_rank == "auto" else self.dt_rank
         n = self.state_size
@@ -200,15 +183,8 @@ class MambaMixer(SequenceMixer):
         cache_index=None,
         training=None,
     ):
-        check_sequence_width(inputs, self.width)
-        check_padding_mask(padding_mask, inputs)
-        if cache is not None:
-            check_states(cache, "cache", self._cache_shapes(inputs.shape[0]))
-        if attention_mask is not None:
-            raise ValueError(
-                "MambaMixer has no pairwise attention mask: pass padding_mask instead. "
-                f"Received: attention_mask with shape {attention_mask.shape}"
-            )
+        self.check_call_inputs(inputs, self.width, padding_mask, attention_mask, cache,
+                               self._cache_shapes(inputs.shape[0]))
         x, z = ops.split(self.input_projection(inputs), 2, axis=-1)
         if cache is None:
             x = self.convolution(x, padding_mask=padding_mask)

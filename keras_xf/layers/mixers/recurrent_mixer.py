@@ -5,10 +5,7 @@ from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
-from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
-from keras_xf.ops.checks import check_sequence_width
-from keras_xf.ops.checks import check_states
 from keras_xf.ops.checks import get_initializer
 
 CELLS = ("lstm", "gru")
@@ -82,6 +79,7 @@ class RecurrentMixer(SequenceMixer):
 
     # The cache is a running state, not addressed by position: each token enters it once.
     cache_is_recurrent = True
+    no_attention_mask = "a recurrent network has no pairwise mask; use padding_mask"
 
     def __init__(
         self,
@@ -130,13 +128,7 @@ class RecurrentMixer(SequenceMixer):
         return (width + 1) // 2 if self.bidirectional else width
 
     def build(self, inputs_shape):
-        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                "RecurrentMixer expects inputs [batch, length, dim] with a known dim. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
-            )
-        width = inputs_shape[-1]
-        self.input_dim = int(width)
+        self.input_dim = width = self.check_inputs_shape(inputs_shape)
         self.state_units = self._state_units(width)
         layer_class = keras.layers.LSTM if self.cell == "lstm" else keras.layers.GRU
         rnn = layer_class(
@@ -195,19 +187,13 @@ class RecurrentMixer(SequenceMixer):
         cache_index=None,
         training=None,
     ):
-        check_sequence_width(inputs, self.input_dim)
-        # Checked here: Keras's RNN on PyTorch runs over the mask's length, and the output
-        # masking would broadcast a longer mask over a shorter sequence without an error.
-        check_padding_mask(padding_mask, inputs)
-        if cache is not None and not self.bidirectional:
-            count = 2 if self.cell == "lstm" else 1
-            check_states(cache, "cache", [(inputs.shape[0], self.state_units)] * count)
-        if attention_mask is not None:
-            raise ValueError(
-                "RecurrentMixer takes no attention_mask (a recurrent network has no pairwise "
-                "mask); use padding_mask. Received: attention_mask of shape "
-                f"{tuple(attention_mask.shape)}"
-            )
+        # The padding mask is checked here: Keras's RNN on PyTorch runs over the mask's length,
+        # and the output masking would broadcast a longer mask over a shorter sequence.
+        cache_shape = None
+        if not self.bidirectional:
+            cache_shape = [(inputs.shape[0], self.state_units)] * (2 if self.cell == "lstm" else 1)
+        self.check_call_inputs(inputs, self.input_dim, padding_mask, attention_mask, cache,
+                               cache_shape)
         if self.bidirectional and (cache is not None or use_causal_mask):
             raise ValueError(
                 "A bidirectional RecurrentMixer is non-causal: it takes neither a cache nor "

@@ -2,6 +2,11 @@
 
 import keras
 
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_sequence_width
+from keras_xf.ops.checks import check_state
+from keras_xf.ops.checks import check_states
+
 
 @keras.saving.register_keras_serializable(package="keras_xf")
 class SequenceMixer(keras.layers.Layer):
@@ -20,6 +25,41 @@ class SequenceMixer(keras.layers.Layer):
     - `cache_is_recurrent`: the cache is a fixed-size state that each call advances (SSMs,
       linear attention, recurrent and convolution mixers), not a buffer indexed by position,
       so a prompt must be fed through it once, in order, before decoding.
+    - `no_attention_mask`: for a mixer without a pairwise `[T, S]` mask, why it has none and
+      what to pass instead (`check_call_inputs` then refuses an `attention_mask`); `None`
+      for a mixer that takes one.
     """
 
     cache_is_recurrent = False
+    no_attention_mask = None
+
+    def check_inputs_shape(self, inputs_shape):
+        """The width `d` of `inputs_shape` `[batch, length, d]` given to `build`, which needs
+        it known; else a `ValueError` naming `inputs_shape`."""
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                f"{type(self).__name__} expects inputs of rank 3 [batch, length, dim] with a "
+                f"known dim. Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        return int(inputs_shape[-1])
+
+    def check_call_inputs(self, inputs, width, padding_mask=None, attention_mask=None,
+                          cache=None, cache_shape=None):
+        """The checks every mixer without a pairwise mask makes on its call inputs: `inputs`
+        `[batch, length, width]`, `padding_mask` `[batch, length]`, `cache` of `cache_shape`
+        (one shape for a single tensor, a list of shapes for a tuple of tensors; `None`: not
+        checked), and no `attention_mask` when `no_attention_mask` says why there is none.
+        Each raises a `ValueError` naming the argument, what was expected and what was
+        received."""
+        check_sequence_width(inputs, width)
+        check_padding_mask(padding_mask, inputs)
+        if cache is not None and cache_shape is not None:
+            if cache_shape and isinstance(cache_shape[0], (tuple, list)):
+                check_states(cache, "cache", cache_shape)
+            else:
+                check_state(cache, "cache", cache_shape)
+        if attention_mask is not None and self.no_attention_mask is not None:
+            raise ValueError(
+                f"{type(self).__name__} takes no attention_mask: {self.no_attention_mask}. "
+                f"Received: attention_mask.shape={tuple(attention_mask.shape)}"
+            )

@@ -7,11 +7,8 @@ import numpy as np
 from keras import ops
 
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
-from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
-from keras_xf.ops.checks import check_sequence_width
-from keras_xf.ops.checks import check_state
 from keras_xf.ops.scan import METHODS
 from keras_xf.ops.scan import linear_recurrence
 from keras_xf.ops.scan import prefix_scan
@@ -87,6 +84,18 @@ def discretize(discretization, dt, a_real, a_imag, b_real, b_imag):
     return a_bar, _complex_mul(factor[0], factor[1], b_real, b_im)
 
 
+def check_scan_arguments(dt_min, dt_max, method, chunk_size):
+    """The step range `0 < dt_min <= dt_max` of the initial `Δ` and the scan (`method`,
+    `chunk_size`) of `StateSpaceMixer` and `MambaMixer`."""
+    check_positive_number("dt_min", dt_min)
+    check_positive_number("dt_max", dt_max)
+    if not dt_min <= dt_max:
+        raise ValueError(f"Need 0 < dt_min <= dt_max. Received: dt_min={dt_min}, dt_max={dt_max}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
+    check_positive_int("chunk_size", chunk_size)
+
+
 @keras.saving.register_keras_serializable(package="keras_xf")
 class StateSpaceMixer(SequenceMixer):
     """A diagonal state-space model per channel as a causal sequence mixer (survey §5.5.3).
@@ -152,6 +161,7 @@ class StateSpaceMixer(SequenceMixer):
     """
 
     cache_is_recurrent = True
+    no_attention_mask = "a state-space model has no pairwise mask; use padding_mask"
 
     def __init__(
         self,
@@ -184,15 +194,7 @@ class StateSpaceMixer(SequenceMixer):
                 f"discretization must be one of {DISCRETIZATIONS}. "
                 f"Received: discretization={discretization!r}"
             )
-        check_positive_number("dt_min", dt_min)
-        check_positive_number("dt_max", dt_max)
-        if not dt_min <= dt_max:
-            raise ValueError(
-                f"Need 0 < dt_min <= dt_max. Received: dt_min={dt_min}, dt_max={dt_max}"
-            )
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
-        check_positive_int("chunk_size", chunk_size)
+        check_scan_arguments(dt_min, dt_max, method, chunk_size)
         self.state_size = state_size
         self.init = init
         self.discretization = discretization
@@ -208,10 +210,7 @@ class StateSpaceMixer(SequenceMixer):
 
     # Weights -------------------------------------------------------------------------------
     def build(self, inputs_shape):
-        width = inputs_shape[-1]
-        if width is None:
-            raise ValueError(f"StateSpaceMixer needs a known width. Received: shape={inputs_shape}")
-        self.width = width
+        self.width = width = self.check_inputs_shape(inputs_shape)
         n = self.state_size
         a_real, a_imag = hippo_diagonal(self.init, n)
         a_log = np.tile(np.log(-a_real), (width, 1))
@@ -298,15 +297,8 @@ class StateSpaceMixer(SequenceMixer):
         cache_index=None,
         training=None,
     ):
-        check_sequence_width(inputs, self.width)
-        check_padding_mask(padding_mask, inputs)
-        if cache is not None:
-            check_state(cache, "cache", self._cache_shape(inputs.shape[0]))
-        if attention_mask is not None:
-            raise ValueError(
-                "StateSpaceMixer has no pairwise attention mask: pass padding_mask instead. "
-                f"Received: attention_mask with shape {attention_mask.shape}"
-            )
+        self.check_call_inputs(inputs, self.width, padding_mask, attention_mask, cache,
+                               self._cache_shape(inputs.shape[0]))
         x = ops.cast(inputs, "float32")
         mask = None
         if padding_mask is not None:

@@ -3,6 +3,7 @@
 import keras
 
 from keras_xf.layers.block_contract import PassesMixerArguments
+from keras_xf.layers.block_contract import first_positions
 from keras_xf.layers.block_contract import join_results
 from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
@@ -10,6 +11,7 @@ from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.normalization.offset_rms_normalization import OffsetRMSNormalization
 from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import check_rate
 
@@ -72,6 +74,10 @@ class Residual(PassesMixerArguments, keras.layers.Layer):
         training: bool.
         mixer_options, **kwargs: passed to `F` when not `None` (`PassesMixerArguments`
             carries the Python values in `mixer_options`, the tensors in `kwargs`).
+        output_length: optional int `n`: only the first `n` positions are computed, `F`
+            taking their (normalised) states as its queries and all positions as its second
+            input (keys and values; `F` must take one, as `MultiHeadAttention` does), so
+            that the result equals the first `n` rows of the full one; `[B, n, d]`.
 
     Returns:
         As `F` under the block contract, with its outputs `y` replaced by the residual
@@ -121,11 +127,17 @@ class Residual(PassesMixerArguments, keras.layers.Layer):
         cache_index=None,
         training=None,
         mixer_options=None,
+        output_length=None,
         **kwargs,
     ):
         check_rank("inputs", inputs, 3, "[batch, length, dim]")
+        check_output_length(output_length, inputs)
         hidden = self.norm(inputs) if self.norm_placement == "pre" else inputs
         args = () if context is None else (context,)
+        if output_length is not None:
+            # Queries and the residual path from the first positions; keys and values from all.
+            args = args or (hidden,)
+            hidden, inputs = hidden[:, :output_length], inputs[:, :output_length]
         named = {
             "padding_mask": padding_mask,
             "attention_mask": attention_mask,
@@ -147,8 +159,9 @@ class Residual(PassesMixerArguments, keras.layers.Layer):
         return tuple(inputs_shape)
 
     def compute_output_spec(self, inputs, context=None, cache=None, mixer_options=None,
-                            **kwargs):
-        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+                            output_length=None, **kwargs):
+        outputs = keras.KerasTensor(first_positions(inputs.shape, output_length),
+                                    dtype=self.compute_dtype)
         extra = mixer_arguments(kwargs, mixer_options)
         if not extra:
             return join_results(outputs, new_specs(cache), None, cache is not None)
