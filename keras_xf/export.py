@@ -20,8 +20,10 @@ what Keras supports on each backend. Inputs whose dimensions after the batch are
 
 Every unsupported combination raises a `ValueError` that says why and what to use instead.
 The SavedModel of a generating task (`CausalLM`, `Seq2SeqLM`, `VisionLanguageLM`) also has a
-`generate` endpoint: `model.generate`'s cached loop (see `export_saved_model`); on PyTorch a
-`CausalLM`'s cached decoding step exports on its own (`export_decode_step`). A model
+`generate` endpoint: `model.generate`'s cached loop (see `export_saved_model`); on PyTorch
+their generation exports as two programs that a short loop of the caller's runs: the prefill
+(`export_prefill`: context and prompts into the cache) and the cached decoding step
+(`export_decode_step`). A model
 quantised with `model.quantize("int8")` (its `Dense` and `EinsumDense` kernels int8) exports
 through the same functions. See `docs/export.md`.
 
@@ -500,8 +502,7 @@ def export_decode_step(model, path, format="onnx", opset_version=None):
 
     _check_generation_export(model, path, format, "export_decode_step")
     samples = _GenerationSamples(model)
-    cache = samples.cache()
-    structure = cache
+    structure = samples.cache()
 
     class _DecodeStep(torch.nn.Module):
         """One cached step on flat tensors (ONNX inputs and outputs are flat)."""
@@ -515,7 +516,7 @@ def export_decode_step(model, path, format="onnx", opset_version=None):
             logits, _, cache = self.wrapped._decode_token(token_ids, cache, cache_index)
             return (logits, *keras.tree.flatten(cache))
 
-    flat = keras.tree.flatten(cache)
+    flat = keras.tree.flatten(structure)
     names = ["token_ids", "cache_index"] + [f"cache_{i}" for i in range(len(flat))]
     return _write_program(
         model, _DecodeStep(model),
@@ -581,7 +582,7 @@ def export_prefill(model, path, format="onnx", opset_version=None):
     return _write_program(
         model, _Prefill(model),
         (torch.ones((2, samples.length), dtype=torch.int32),
-         *(torch.as_tensor(keras.ops.convert_to_numpy(value)) for value in extras.values())),
+         *(torch.from_numpy(value) for value in extras.values())),
         # `forward(token_ids, *extras)`: torch.export sees the extras as one tuple, if any.
         ({0: samples.batch, 1: samples.dims["length"]},
          *([tuple(samples.extra_shapes()[name] for name in extra_names)] if extras else [])),
@@ -637,13 +638,20 @@ class _GenerationSamples:
         import torch
 
         self.model = model
-        self.max_length = int(model._output_embeddings.max_sequence_length or 64)
-        self.length = min(6, self.max_length)
-        self.encoder_length = min(5, self.max_length)
+        # Lengths fit the text's position table where it has one (rotary: unbounded).
+        self.max_length = getattr(model._output_embeddings, "max_sequence_length", None)
+        self.length = min(6, self.max_length or 6)
+        self.encoder_length = min(5, self.max_length or 5)
         self.batch = torch.export.Dim("batch", min=1)
-        self.dims = {"length": torch.export.Dim("length", min=2, max=self.max_length),
-                     "encoder_length": torch.export.Dim("encoder_length", min=2,
-                                                        max=self.max_length)}
+        self.dims = {"length": self._dim("length", 2, self.max_length),
+                     "encoder_length": self._dim("encoder_length", 2, self.max_length)}
+
+    @staticmethod
+    def _dim(name, low, high):
+        import torch
+
+        return torch.export.Dim(name, min=low) if high is None else torch.export.Dim(
+            name, min=low, max=int(high))
 
     def extras(self, encoder_length=None):
         """The task's inputs besides the prompts, as numpy (`generate`'s extras)."""
@@ -674,8 +682,6 @@ class _GenerationSamples:
     def cache_shapes(self):
         """Per flat cache tensor, `{axis: Dim}`: the axes that follow the output width or the
         source length (an image prefix adds its fixed length: a dimension of its own)."""
-        import torch
-
         base = keras.tree.flatten(self.cache())
         longer = keras.tree.flatten(self.cache(length=self.length + 1))
         wider = keras.tree.flatten(self.cache(encoder_length=self.encoder_length + 1))
@@ -687,8 +693,9 @@ class _GenerationSamples:
                     offset = a - self.length
                     name = "length" if not offset else f"length_plus_{offset}"
                     if name not in self.dims:
-                        self.dims[name] = torch.export.Dim(name, min=2 + offset,
-                                                           max=self.max_length + offset)
+                        self.dims[name] = self._dim(
+                            name, 2 + offset,
+                            None if self.max_length is None else self.max_length + offset)
                     axes[axis] = self.dims[name]
                 elif a != c:
                     axes[axis] = self.dims["encoder_length"]

@@ -70,7 +70,8 @@ def greedy_loop(step, ids, mask, caches, start=1):
 
 def zero_cache(model, batch, length):
     """A `CausalLM`'s empty cache, as the loop without a prefill starts from."""
-    return [keras.ops.convert_to_numpy(c) for c in keras.tree.flatten(model.init_cache(batch, length))]
+    return [keras.ops.convert_to_numpy(cache)
+            for cache in keras.tree.flatten(model.init_cache(batch, length))]
 
 
 def runner(path, format):
