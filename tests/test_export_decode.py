@@ -5,7 +5,8 @@ One tiny model per case: a `CausalLM` with a learned position table (GPT-2-like:
 read at a tensor `cache_index`), one with rotary positions (the step alone, from a zero cache),
 a `Seq2SeqLM` (the prefill encodes the source and writes the cross-attention keys and values)
 and a `VisionLanguageLM` (its default prefix fusion: the prefill writes the image into the
-self-attention cache). On TensorFlow and JAX both functions raise a `ValueError` pointing to the
+self-attention cache); and a `Seq2SeqLM` with a recurrent (GRU) decoder, whose loop starts at
+index 1 (`.pt2`). On TensorFlow and JAX both functions raise a `ValueError` pointing to the
 SavedModel's `generate` endpoint.
 """
 
@@ -154,3 +155,33 @@ def test_generation_programs_reject_bad_arguments(function, tmp_path):
         function(model, str(tmp_path / "step.onnx"), format="tflite")
     with pytest.raises(ValueError, match=r"\.pt2"):
         function(model, str(tmp_path / "step.onnx"), format="torch")
+
+
+@ONNX
+def test_recurrent_decoder_loop_starts_at_one(tmp_path):
+    # A GRU decoder's state must see each token once: its prefill writes only the source's
+    # cross-attention keys and values, and the loop feeds the prompts from index 1.
+    from keras_xf.layers import FeedForward
+    from keras_xf.layers import MultiHeadAttention
+    from keras_xf.layers import RecurrentMixer
+    from keras_xf.layers import TransformerBlock
+    from keras_xf.models import Seq2SeqLM
+
+    block = TransformerBlock(RecurrentMixer("gru"), FeedForward(16),
+                             cross_attention=MultiHeadAttention(2))
+    model = randomize_embeddings(Seq2SeqLM(**{**SIZES, "num_layers": 1}, decoder_block=block))
+    targets = np.array([[1, 5, 6, 0, 0, 0], [1, 7, 0, 0, 0, 0]], "int32")
+    sources = {"encoder_token_ids": SOURCES, "encoder_padding_mask": (SOURCES != 0).astype("int32")}
+    expected = model.generate({**sources, "decoder_token_ids": targets,
+                               "decoder_padding_mask": targets != 0})["decoder_token_ids"]
+    _, prefill = runner(export.export_prefill(model, str(tmp_path / "prefill.pt2"),
+                                              format="torch"), "torch")
+    _, run_step = runner(export.export_decode_step(model, str(tmp_path / "step.pt2"),
+                                                   format="torch"), "torch")
+
+    def step(token_ids, cache_index, caches):
+        return run_step(token_ids, cache_index, *caches)
+
+    caches = prefill(targets, *sources.values())
+    np.testing.assert_array_equal(greedy_loop(step, targets, targets != 0, caches, start=1),
+                                  np.asarray(expected))
