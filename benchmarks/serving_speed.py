@@ -10,8 +10,9 @@ positions, tied embeddings). Greedy decoding of a 32-token prompt (`config.PROMP
 
 - `exported`: the keras_xf model exported with `model.export(path)` and loaded with plain
   `tf.saved_model.load`; its `generate` endpoint called with the prompts, `max_length`, empty
-  `stop_token_ids` and a seed (TensorFlow and JAX; PyTorch writes no SavedModel and its
-  exported decoding step needs a loop of the caller's, so it has no `exported` figure);
+  `stop_token_ids` and a seed (TensorFlow and JAX). PyTorch writes no SavedModel: there it is
+  the ONNX prefill and decoding step (`export_prefill`, `export_decode_step`) run by the
+  greedy loop of `docs/export.md` in onnxruntime (numpy between the steps);
 - `python`: `CausalLM.generate` on the prompts padded to the output width;
 - `hub`: `GPT2CausalLM.generate` on the same inputs (the anchor).
 
@@ -53,6 +54,34 @@ def prompts(batch, new_tokens):
     return ids, {"token_ids": padded, "padding_mask": mask}
 
 
+def onnx_generate(model, directory):
+    """`generate(inputs)` over the model's ONNX prefill and decoding step (PyTorch): the
+    greedy loop of `docs/export.md`, run by onnxruntime."""
+    import onnxruntime
+
+    from keras_xf.export import export_decode_step
+    from keras_xf.export import export_prefill
+
+    providers = ["CPUExecutionProvider"]
+    prefill = onnxruntime.InferenceSession(
+        export_prefill(model, str(directory / "prefill.onnx")), providers=providers)
+    step = onnxruntime.InferenceSession(
+        export_decode_step(model, str(directory / "step.onnx")), providers=providers)
+    names = [node.name for node in step.get_inputs()]
+
+    def generate(inputs):
+        ids = np.array(inputs["token_ids"])
+        mask = np.asarray(inputs["padding_mask"], bool)
+        caches = prefill.run(None, {"token_ids": ids})
+        for index in range(int(mask.sum(axis=1).min()), ids.shape[1]):
+            logits, *caches = step.run(None, dict(zip(names, [
+                ids[:, index - 1:index], np.array(index - 1, "int64"), *caches])))
+            ids[:, index] = np.where(mask[:, index], ids[:, index], logits.argmax(-1))
+        return {"token_ids": ids, "padding_mask": np.ones_like(mask)}  # no stop ids
+
+    return generate
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=c.NEW_TOKENS)
@@ -72,6 +101,8 @@ def main():
         path = pathlib.Path(tempfile.mkdtemp(prefix="serving_speed_")) / "lm"
         xf.export(str(path), verbose=False)
         exported = tf.saved_model.load(str(path))  # kept: it owns the variables
+    elif backend == "torch":
+        exported = onnx_generate(xf, pathlib.Path(tempfile.mkdtemp(prefix="serving_speed_")))
 
     results, table = [], []
     for batch in BATCHES:
@@ -80,7 +111,9 @@ def main():
             "python": lambda: xf.generate(dict(inputs), stop_token_ids=None),
             "hub": lambda: hub.generate(dict(inputs), stop_token_ids=None),
         }
-        if exported is not None:
+        if backend == "torch":
+            calls = {"exported": lambda: exported(inputs), **calls}
+        elif exported is not None:
             request = {"token_ids": tf.constant(ids), "padding_mask": tf.ones_like(ids),
                        "max_length": tf.constant(c.PROMPT + args.new_tokens),
                        "stop_token_ids": tf.zeros([0], tf.int32), "seed": tf.constant(0)}
@@ -117,7 +150,7 @@ def main():
                              f"({result[f'{name}_over_hub']:.2f} [{min(rounds):.2f}, "
                              f"{max(rounds):.2f}])")
             else:
-                cells.append("— (no SavedModel on PyTorch)")
+                cells.append("—")
         table.append(f"| {batch} | " + " | ".join(cells) + f" | {result['hub_tokens_per_s']:,.0f} |")
         print(table[-1], flush=True)
     header = ("| batch | exported `generate` tokens/s (÷ keras-hub [min, max]) | "

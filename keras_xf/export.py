@@ -20,10 +20,12 @@ what Keras supports on each backend. Inputs whose dimensions after the batch are
 
 Every unsupported combination raises a `ValueError` that says why and what to use instead.
 The SavedModel of a generating task (`CausalLM`, `Seq2SeqLM`, `VisionLanguageLM`) also has a
-`generate` endpoint: `model.generate`'s cached loop (see `export_saved_model`); on PyTorch a
-`CausalLM`'s cached decoding step exports on its own (`export_decode_step`). A model
-quantised with `model.quantize("int8")` (its `Dense` and `EinsumDense` kernels and its
-`TokenEmbedding` table int8) exports through the same functions. See `docs/export.md`.
+`generate` endpoint: `model.generate`'s cached loop (see `export_saved_model`); on PyTorch
+their generation exports as two programs that a short loop of the caller's runs: the prefill
+(`export_prefill`: context and prompts into the cache) and the cached decoding step
+(`export_decode_step`). A model quantised with `model.quantize("int8")` (its `Dense` and
+`EinsumDense` kernels and its `TokenEmbedding` table int8) exports through the same functions.
+See `docs/export.md`.
 
 Example:
 >>> lm.export("/tmp/lm")                   # TensorFlow or JAX backend: export_saved_model
@@ -32,6 +34,7 @@ Example:
 """
 
 import keras
+import numpy as np
 
 # Input-name endings that mark the tensors of one sequence; the prefix before the ending names
 # the sequence ("" for `token_ids`, "encoder_" for `encoder_token_ids`, ...).
@@ -468,20 +471,22 @@ def export_torch(model, path, verbose=False, input_signature=None, **kwargs):
 
 
 def export_decode_step(model, path, format="onnx", opset_version=None):
-    """Writes a `CausalLM`'s cached decoding step (PyTorch backend) as ONNX or `.pt2`.
+    """Writes a generating task's cached decoding step (PyTorch backend) as ONNX or `.pt2`.
 
-    PyTorch has no SavedModel, so its artefact holds one step of `model.generate`'s loop
-    (`GenerativeTask._decode_token`, the step the loop runs) and the caller runs the loop;
-    `docs/export.md` has the ten-line greedy loop that reproduces `model.generate`'s tokens.
-    Inputs: `token_ids` int32 `[B, 1]` (the token at `cache_index`), `cache_index` int64
-    scalar, and `cache_0`, `cache_1`, … (the flattened `model.init_cache(B, L)`: zeros to
-    start, then the previous step's output). Outputs: float32 logits `[B, V]` for position
-    `cache_index + 1`, then `new_cache_0`, `new_cache_1`, … (the `.pt2` module takes and
-    returns the same tensors positionally). Batch and cache length `L` (at most the
-    backbone's `max_sequence_length`) are dynamic.
+    PyTorch has no SavedModel, so its artefacts hold the pieces of `model.generate`'s loop and
+    the caller runs the loop (`docs/export.md` has the greedy loop that reproduces
+    `model.generate`'s tokens): `export_prefill` encodes the context and the prompts into
+    the cache, this step (`GenerativeTask._decode_token`, the step the loop runs) feeds one
+    token. Inputs: `token_ids` int32 `[B, 1]` (the token at `cache_index`), `cache_index`
+    int64 scalar, and `cache_0`, `cache_1`, … (the flattened cache: `export_prefill`'s
+    outputs; for a `CausalLM` also zeros of `model.init_cache(B, L)`'s shapes, the loop then
+    starting at index 1). Outputs: float32 logits `[B, V]` for position `cache_index + 1`,
+    then `new_cache_0`, `new_cache_1`, … (the `.pt2` module takes and returns the same
+    tensors positionally). Batch, output width `L` (at most the text's
+    `max_sequence_length`) and a `Seq2SeqLM`'s source length are dynamic.
 
     Args:
-        model: a built `CausalLM`.
+        model: a built `CausalLM`, `Seq2SeqLM` or `VisionLanguageLM`.
         path: the file to write (`.onnx`, or `.pt2` for `format="torch"`).
         format: `"onnx"` (needs `onnx` and `onnxscript`) or `"torch"`.
         opset_version: int, the ONNX opset; torch's default when `None`.
@@ -491,49 +496,13 @@ def export_decode_step(model, path, format="onnx", opset_version=None):
 
     Raises:
         ValueError: on TensorFlow or JAX (their SavedModel has a `generate` endpoint), for a
-            model that is not a `CausalLM` or has learned positions, or an unknown `format`.
+            model that does not generate, or an unknown `format`.
     """
-    from keras_xf.models.causal_lm import CausalLM
-
-    backend = keras.config.backend()
-    if backend != "torch":
-        raise ValueError(
-            f"export_decode_step is the PyTorch backend's generation export. Received: {backend}."
-            " On TensorFlow and JAX, model.export(path) writes a SavedModel with a `generate` "
-            "endpoint."
-        )
-    if not isinstance(model, CausalLM):
-        raise ValueError(f"export_decode_step exports a CausalLM's step. Received: {model!r}")
-    if format not in ("onnx", "torch"):
-        raise ValueError(f"format must be 'onnx' or 'torch'. Received: format={format!r}")
-    learned = [layer.name for layer in model.backbone._flatten_layers()
-               if type(layer).__name__ == "LearnedPositionEmbedding"]
-    if learned:
-        raise ValueError(
-            "export_decode_step cannot export a learned position table: torch.export cannot "
-            "bound its slice at a tensor `cache_index`. Received: a backbone with "
-            f"{learned[0]!r} (position='learned'). Use the TensorFlow or JAX backend's "
-            "SavedModel `generate` endpoint for this model."
-        )
-    if format == "onnx":
-        for package in ("onnx", "onnxscript"):
-            _require(package, "export_decode_step")
-    if format == "torch" and not str(path).endswith(".pt2"):
-        raise ValueError(f"format='torch' writes a `.pt2` file. Received: path={path}")
     import torch
 
-    max_length = _max_length(model) or 64
-    # torch.export specialises sizes 0 and 1: trace at batch 2 and a length of at least 2.
-    sample_length = min(6, max_length)
-    cache = keras.tree.flatten(model.init_cache(2, sample_length))
-    other = keras.tree.flatten(model.init_cache(2, sample_length + 1))
-    batch = torch.export.Dim("batch", min=1)
-    length = torch.export.Dim("length", min=2, max=max_length)
-    cache_shapes = tuple(
-        {0: batch, **{axis: length for axis, (a, b) in enumerate(zip(x.shape, y.shape)) if a != b}}
-        for x, y in zip(cache, other)
-    )
-    structure = model.init_cache(1, 2)
+    _check_generation_export(model, path, format, "export_decode_step")
+    samples = _GenerationSamples(model)
+    structure = samples.cache()
 
     class _DecodeStep(torch.nn.Module):
         """One cached step on flat tensors (ONNX inputs and outputs are flat)."""
@@ -547,26 +516,212 @@ def export_decode_step(model, path, format="onnx", opset_version=None):
             logits, _, cache = self.wrapped._decode_token(token_ids, cache, cache_index)
             return (logits, *keras.tree.flatten(cache))
 
+    flat = keras.tree.flatten(structure)
+    names = ["token_ids", "cache_index"] + [f"cache_{i}" for i in range(len(flat))]
+    return _write_program(
+        model, _DecodeStep(model),
+        (torch.ones((2, 1), dtype=torch.int32), torch.tensor(1, dtype=torch.int64), *flat),
+        ({0: samples.batch}, None, samples.cache_shapes()),
+        names, ["logits"] + [f"new_{name}" for name in names[2:]],
+        path, format, opset_version,
+    )
+
+
+def export_prefill(model, path, format="onnx", opset_version=None):
+    """Writes a generating task's prefill (PyTorch backend) as ONNX or `.pt2`: the cache that
+    `export_decode_step`'s loop starts from.
+
+    The program encodes the context once (a `Seq2SeqLM`'s source through the encoder, a
+    `VisionLanguageLM`'s images through the vision encoder; a `CausalLM` has none), writes it
+    into an empty cache of the output width (cross-attention keys and values, or the image
+    prefix), and writes the prompt tokens in one parallel pass, as `model.generate`'s
+    prefill does. Inputs, by name: the prompts `token_ids` (`decoder_token_ids` for a
+    `Seq2SeqLM`), int32 `[B, L]`, left-aligned and padded to the output width `L`; then
+    `encoder_token_ids` and `encoder_padding_mask` (int32 `[B, S]`, `Seq2SeqLM`) or
+    `images` (float32 `[B, H, W, C]`, `VisionLanguageLM`). Outputs: `cache_0`, `cache_1`,
+    … , the decoding step's cache inputs. The loop starts at the shortest prompt's length:
+    the step overwrites every cache position it attends to from there on. A model whose
+    decoder keeps a recurrent state (which must see each token once) gets only the context
+    written; its loop starts at index 1. Batch, `L` and `S` are dynamic.
+
+    Args:
+        model: a built `CausalLM`, `Seq2SeqLM` or `VisionLanguageLM`.
+        path: the file to write (`.onnx`, or `.pt2` for `format="torch"`).
+        format: `"onnx"` (needs `onnx` and `onnxscript`) or `"torch"`.
+        opset_version: int, the ONNX opset; torch's default when `None`.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: on TensorFlow or JAX, for a model that does not generate, or an unknown
+            `format`.
+    """
+    import torch
+
+    _check_generation_export(model, path, format, "export_prefill")
+    samples = _GenerationSamples(model)
+    extras = samples.extras()
+    extra_names = list(extras)
+    recurrent = model._has_recurrent_cache()
+
+    class _Prefill(torch.nn.Module):
+        """Context and prompts into the cache, on flat tensors."""
+
+        def __init__(self, wrapped):
+            super().__init__()
+            self.wrapped = wrapped
+
+        def forward(self, token_ids, *extras):
+            return tuple(keras.tree.flatten(
+                _prefilled_cache(self.wrapped, token_ids, dict(zip(extra_names, extras)),
+                                 recurrent)))
+
+    ids_key = model.prompt_keys[0]
+    count = len(keras.tree.flatten(samples.cache()))
+    return _write_program(
+        model, _Prefill(model),
+        (torch.ones((2, samples.length), dtype=torch.int32),
+         *(torch.from_numpy(value) for value in extras.values())),
+        # `forward(token_ids, *extras)`: torch.export sees the extras as one tuple, if any.
+        ({0: samples.batch, 1: samples.dims["length"]},
+         *([tuple(samples.extra_shapes()[name] for name in extra_names)] if extras else [])),
+        [ids_key] + extra_names, [f"cache_{i}" for i in range(count)],
+        path, format, opset_version,
+    )
+
+
+def _prefilled_cache(model, token_ids, extras, recurrent):
+    """`model.generate`'s cache after its prefill over the whole width of `token_ids`."""
+    from keras import ops
+
+    context = model._generation_context(**extras)
+    batch_size, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+    cache = model._init_generation_cache(batch_size, length, context)
+    _, cache = model._prefill(None if recurrent else token_ids, cache, context)
+    return cache
+
+
+def _check_generation_export(model, path, format, function):
+    from keras_xf.models.generative_task import GenerativeTask
+
+    backend = keras.config.backend()
+    if backend != "torch":
+        raise ValueError(
+            f"{function} is the PyTorch backend's generation export. Received: {backend}."
+            " On TensorFlow and JAX, model.export(path) writes a SavedModel with a `generate` "
+            "endpoint."
+        )
+    if not isinstance(model, GenerativeTask):
+        raise ValueError(
+            f"{function} exports a CausalLM's, Seq2SeqLM's or VisionLanguageLM's generation. "
+            f"Received: {model!r}"
+        )
+    if format not in ("onnx", "torch"):
+        raise ValueError(f"format must be 'onnx' or 'torch'. Received: format={format!r}")
+    if format == "onnx":
+        for package in ("onnx", "onnxscript"):
+            _require(package, function)
+    if format == "torch" and not str(path).endswith(".pt2"):
+        raise ValueError(f"format='torch' writes a `.pt2` file. Received: path={path}")
+
+
+class _GenerationSamples:
+    """Tracing samples of a generating task's inputs and cache, and their torch.export
+    dynamic dimensions: batch, output width `length`, and `encoder_length` (a `Seq2SeqLM`'s
+    source)."""
+
+    # torch.export specialises sizes 0 and 1: trace at batch 2 and lengths of at least 2.
+    batch_size = 2
+
+    def __init__(self, model):
+        import torch
+
+        self.model = model
+        # Lengths fit the text's position table where it has one (rotary: unbounded).
+        self.max_length = getattr(model._output_embeddings, "max_sequence_length", None)
+        self.length = min(6, self.max_length or 6)
+        self.encoder_length = min(5, self.max_length or 5)
+        self.batch = torch.export.Dim("batch", min=1)
+        self.dims = {"length": self._dim("length", 2, self.max_length),
+                     "encoder_length": self._dim("encoder_length", 2, self.max_length)}
+
+    @staticmethod
+    def _dim(name, low, high):
+        import torch
+
+        return torch.export.Dim(name, min=low) if high is None else torch.export.Dim(
+            name, min=low, max=int(high))
+
+    def extras(self, encoder_length=None):
+        """The task's inputs besides the prompts, as numpy (`generate`'s extras)."""
+        shapes = {name: tuple(tensor.shape[1:]) for name, tensor in _dict_inputs(self.model).items()
+                  if name not in self.model.prompt_keys}
+        length = encoder_length or self.encoder_length
+        extras = {}
+        for name, shape in shapes.items():
+            if len(shape) > 1:  # images: static size
+                extras[name] = np.full((self.batch_size,) + shape, 0.5, "float32")
+            else:
+                extras[name] = np.ones((self.batch_size, length), "int32")
+        return extras
+
+    def extra_shapes(self):
+        return {name: {0: self.batch} if value.ndim > 2
+                else {0: self.batch, 1: self.dims["encoder_length"]}
+                for name, value in self.extras().items()}
+
+    def cache(self, length=None, encoder_length=None):
+        from keras import ops
+
+        extras = {name: ops.convert_to_tensor(value)
+                  for name, value in self.extras(encoder_length).items()}
+        context = self.model._generation_context(**extras)
+        return self.model._init_generation_cache(self.batch_size, length or self.length, context)
+
+    def cache_shapes(self):
+        """Per flat cache tensor, `{axis: Dim}`: the axes that follow the output width or the
+        source length (an image prefix adds its fixed length: a dimension of its own)."""
+        base = keras.tree.flatten(self.cache())
+        longer = keras.tree.flatten(self.cache(length=self.length + 1))
+        wider = keras.tree.flatten(self.cache(encoder_length=self.encoder_length + 1))
+        shapes = []
+        for x, y, z in zip(base, longer, wider):
+            axes = {0: self.batch}
+            for axis, (a, b, c) in enumerate(zip(x.shape, y.shape, z.shape)):
+                if a != b:
+                    offset = a - self.length
+                    name = "length" if not offset else f"length_plus_{offset}"
+                    if name not in self.dims:
+                        self.dims[name] = self._dim(
+                            name, 2 + offset,
+                            None if self.max_length is None else self.max_length + offset)
+                    axes[axis] = self.dims[name]
+                elif a != c:
+                    axes[axis] = self.dims["encoder_length"]
+            shapes.append(axes)
+        return tuple(shapes)
+
+
+def _write_program(model, module, args, dynamic_shapes, input_names, output_names, path, format,
+                   opset_version):
+    """Captures `module(*args)` with torch.export and writes it as `.pt2` or ONNX."""
+    import torch
+
     was_training = model.training
     model.eval()
     try:
         with _quiet_torch_export(), torch.no_grad():
-            program = torch.export.export(
-                _DecodeStep(model),
-                (torch.ones((2, 1), dtype=torch.int32), torch.tensor(1, dtype=torch.int64),
-                 *cache),
-                dynamic_shapes=({0: batch}, None, cache_shapes),
-                strict=False,
-            )
+            program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes,
+                                          strict=False)
     finally:
         model.train(was_training)
     if format == "torch":
         torch.export.save(program, str(path))
         return path
-    names = ["token_ids", "cache_index"] + [f"cache_{i}" for i in range(len(cache))]
     with _quiet_torch_export():
-        onnx_program = torch.onnx.export(program, dynamo=True, input_names=names,
-                                         output_names=["logits"] + [f"new_{name}" for name in names[2:]],
+        onnx_program = torch.onnx.export(program, dynamo=True, input_names=input_names,
+                                         output_names=output_names,
                                          opset_version=opset_version, verbose=False)
         onnx_program.optimize()
         onnx_program.save(str(path))

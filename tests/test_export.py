@@ -225,62 +225,6 @@ def test_torch_export_matches_predict(tmp_path, rng):
     check_matches(model, run, causal_inputs, rng)
 
 
-def greedy_loop(step, model, ids, mask):
-    """The documented loop over an exported decoding step: feed the token at `index - 1`,
-    keep prompt tokens, take the argmax elsewhere."""
-    batch, length = ids.shape
-    caches = [keras.ops.convert_to_numpy(c)
-              for c in keras.tree.flatten(model.init_cache(batch, length))]
-    ids = ids.copy()
-    for index in range(1, length):
-        logits, *caches = step(ids[:, index - 1:index], np.array(index - 1, "int64"), caches)
-        ids[:, index] = np.where(mask[:, index], ids[:, index], np.argmax(logits, axis=-1))
-    return ids
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="the PyTorch backend's generation export")
-@pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None
-                    or importlib.util.find_spec("onnxscript") is None,
-                    reason="needs onnx, onnxscript and onnxruntime (pip install keras-xf[dev])")
-def test_decode_step_loop_reproduces_generate(tmp_path):
-    import onnxruntime
-    import torch
-
-    from tests.models.tiny import causal_lm
-    from tests.models.tiny import randomize_embeddings
-
-    # The default positions: a learned table read at a tensor `cache_index` does not export
-    # (torch.export cannot bound the slice; see docs/export.md).
-    model = randomize_embeddings(causal_lm(num_layers=1))
-    ids = np.array([[5, 6, 7, 0, 0, 0, 0, 0, 0, 0], [8, 9, 10, 11, 12, 0, 0, 0, 0, 0]], "int32")
-    mask = ids != 0
-    expected = model.generate({"token_ids": ids, "padding_mask": mask})["token_ids"]
-
-    path = export.export_decode_step(model, str(tmp_path / "step.onnx"))
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    names = [node.name for node in session.get_inputs()]
-    assert names[:2] == ["token_ids", "cache_index"]
-
-    def onnx_step(token_ids, cache_index, caches):
-        return session.run(None, dict(zip(names, [token_ids, cache_index, *caches])))
-
-    np.testing.assert_array_equal(greedy_loop(onnx_step, model, ids, mask), expected)
-
-    path = export.export_decode_step(model, str(tmp_path / "step.pt2"), format="torch")
-    module = torch.export.load(path).module()
-
-    def torch_step(token_ids, cache_index, caches):
-        with torch.no_grad():
-            outputs = module(torch.from_numpy(token_ids), torch.tensor(int(cache_index)),
-                             *[torch.from_numpy(c) for c in caches])
-        return [output.numpy() for output in outputs]
-
-    np.testing.assert_array_equal(greedy_loop(torch_step, model, ids, mask), expected)
-
-    with pytest.raises(ValueError, match="learned"):
-        export.export_decode_step(tiny_causal_lm(), str(tmp_path / "learned.onnx"))
-
-
 @pytest.mark.skipif(BACKEND == "torch", reason="the TensorFlow / JAX limitation is tested")
 def test_onnx_and_torch_export_need_torch(tmp_path):
     model = tiny_causal_lm()
@@ -293,8 +237,6 @@ def test_onnx_and_torch_export_need_torch(tmp_path):
         model.export(str(tmp_path / "model.onnx"), format="onnx")
     with pytest.raises(ValueError, match="PyTorch backend"):
         model.export(str(tmp_path / "model.pt2"), format="torch")
-    with pytest.raises(ValueError, match="generate"):
-        export.export_decode_step(model, str(tmp_path / "step.onnx"))
 
 
 def test_rejects_models_without_dict_inputs(tmp_path):

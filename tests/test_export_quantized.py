@@ -191,10 +191,12 @@ def test_decode_step_loop_reproduces_int8_generate(causal, tmp_path):
     import onnxruntime
     import torch
 
-    from tests.test_export import greedy_loop
+    from tests.test_export_decode import greedy_loop
+    from tests.test_export_decode import zero_cache
 
     model = causal[0]
     mask = PROMPTS != 0
+    caches = zero_cache(model, *PROMPTS.shape)
     expected = model.generate({"token_ids": PROMPTS, "padding_mask": mask})["token_ids"]
 
     path = export.export_decode_step(model, str(tmp_path / "step.onnx"))
@@ -204,7 +206,7 @@ def test_decode_step_loop_reproduces_int8_generate(causal, tmp_path):
     def onnx_step(token_ids, cache_index, caches):
         return session.run(None, dict(zip(names, [token_ids, cache_index, *caches])))
 
-    np.testing.assert_array_equal(greedy_loop(onnx_step, model, PROMPTS, mask), expected)
+    np.testing.assert_array_equal(greedy_loop(onnx_step, PROMPTS, mask, caches), expected)
 
     module = torch.export.load(
         export.export_decode_step(model, str(tmp_path / "step.pt2"), format="torch")).module()
@@ -215,4 +217,4 @@ def test_decode_step_loop_reproduces_int8_generate(causal, tmp_path):
                              *[torch.from_numpy(c) for c in caches])
         return [output.numpy() for output in outputs]
 
-    np.testing.assert_array_equal(greedy_loop(torch_step, model, PROMPTS, mask), expected)
+    np.testing.assert_array_equal(greedy_loop(torch_step, PROMPTS, mask, caches), expected)

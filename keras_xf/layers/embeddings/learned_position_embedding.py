@@ -23,6 +23,7 @@ class LearnedPositionEmbedding(keras.layers.Layer):
     Call arguments:
         inputs: `[B, T, d]` embeddings (only the shape is used).
         start_index: int or scalar tensor, position of the first token (for cached decoding).
+            A tensor start reads rows `P[start + j]`, `j < T`, which must lie in the table.
 
     Returns:
         `[B, T, d]` position embeddings.
@@ -67,7 +68,10 @@ class LearnedPositionEmbedding(keras.layers.Layer):
             # A plain slice also for symbolic lengths (torch.export cannot trace a tensor start).
             rows = table[start_index : start_index + shape[1]]
         else:
-            rows = ops.slice(table, (ops.cast(start_index, "int32"), 0), (shape[1], shape[2]))
+            # Rows `start + arange(T)` gathered: torch.export and ONNX capture a gather at a
+            # tensor start (a slice there has a size they cannot bound); XLA fuses either.
+            positions = ops.arange(shape[1], dtype="int32") + ops.cast(start_index, "int32")
+            rows = ops.take(table, positions, axis=0)
         return ops.broadcast_to(rows[None], shape)
 
     def compute_output_shape(self, inputs_shape):

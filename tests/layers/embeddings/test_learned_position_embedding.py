@@ -64,11 +64,15 @@ def test_start_index_matches_the_full_sequence(rng, start_index):
     np.testing.assert_array_equal(step[1], table[start_index : start_index + 2])
 
 
-def test_start_index_as_tensor(rng):
+@pytest.mark.parametrize("length, dtype", [(1, "int32"), (3, "int64")])
+def test_start_index_as_tensor(rng, length, dtype):
+    # A tensor start (cached decoding, exported steps) reads rows [4, 4 + length) as an int.
     layer = make_layer()
-    x = embeddings(rng, length=1)
-    outputs = to_numpy(layer(x, start_index=keras.ops.convert_to_tensor(4, "int32")))
-    np.testing.assert_array_equal(outputs[:, 0], np.broadcast_to(to_numpy(layer.position_embeddings)[4], (2, DIM)))
+    x = embeddings(rng, length=length)
+    outputs = to_numpy(layer(x, start_index=keras.ops.convert_to_tensor(4, dtype)))
+    table = to_numpy(layer.position_embeddings)
+    np.testing.assert_array_equal(outputs, np.broadcast_to(table[4:4 + length], (2, length, DIM)))
+    np.testing.assert_array_equal(outputs, to_numpy(layer(x, start_index=4)))
 
 
 def test_fit_step(rng):
