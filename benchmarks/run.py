@@ -10,10 +10,13 @@ the JSON to `benchmarks/results/<backend>.json`.
     python -m benchmarks.run --markdown   # the README table from results/{tensorflow,jax,torch}.json
 """
 
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before `measure` imports Keras
+
 import argparse
 import datetime
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -50,16 +53,16 @@ def run_case(name, backend, tree=ROOT, overrides=None):
     return result
 
 
-def _print_markdown():
+def _print_markdown(folder):
     runs = {}
     for backend in ("tensorflow", "jax", "torch"):
-        path = RESULTS / f"{backend}.json"
+        path = folder / f"{backend}.json"
         if path.exists():
             run = json.loads(path.read_text())
             if any("pairs" in r for r in run["results"].values()):
                 runs[backend] = run
     if not runs:
-        raise SystemExit(f"no results with A/B pairs in {RESULTS}; run `make bench` first")
+        raise SystemExit(f"no results with A/B pairs in {folder}; run `make bench` first")
     print(report.markdown_table(runs))
 
 
@@ -79,10 +82,11 @@ def main():
     parser.add_argument("--update", action="store_true",
                         help="keep the other cases' results already in the output file")
     parser.add_argument("--markdown", action="store_true",
-                        help="print the README table from results/<backend>.json and exit")
+                        help="print the README table from results/<backend>.json (with "
+                             "--quick: results/quick/) and exit")
     args = parser.parse_args()
     if args.markdown:
-        _print_markdown()
+        _print_markdown(RESULTS / "quick" if args.quick else RESULTS)
         return
     from benchmarks.cases import CASES
 
