@@ -39,8 +39,10 @@ test-one: install
 demo: install
 	KERAS_BACKEND=$${KERAS_BACKEND:-tensorflow} $(PY) examples/train_lm.py
 
-# Benchmarks against keras-hub on one backend (never part of the tests): prints one table of
-# ratios and writes benchmarks/results/<backend>.json. KERAS_BACKEND picks the backend.
+# Benchmarks against keras-hub on one backend (never part of the tests): each A/B pair in one
+# process, alternating rounds; prints the CPU, the median ratios with their spread and MFU, and
+# writes benchmarks/results/<backend>.json. KERAS_BACKEND picks the backend;
+# BENCH_ARGS="--quick" is a smoke test of the harness (see benchmarks/README.md).
 bench: install
 	KERAS_BACKEND=$${KERAS_BACKEND:-tensorflow} $(PY) -m benchmarks.run $(BENCH_ARGS)
 

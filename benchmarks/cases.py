@@ -1,5 +1,6 @@
 """Benchmark cases. Each runs in its own process (`python -m benchmarks.cases NAME`), so that
-its peak memory is its own, and prints one JSON line."""
+its peak memory is its own, and prints one JSON line. The `*_interleaved` cases are the A/B
+pairs of `make bench`: both models in one process, timed in alternating rounds."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import numpy as np
 from benchmarks import config as c
 from benchmarks import measure
 from benchmarks import models
+from benchmarks import report
 
 
 def _training_data(steps):
@@ -46,9 +48,11 @@ def train_xf():
 
 
 def train_interleaved():
-    """Training tokens/s of both models in one process, their timed fits alternating, so that
-    a slow or fast phase of the machine (or of the allocator) falls on both alike. Memory is
-    measured by the separate `train_xf` / `train_hub` cases."""
+    """Training tokens/s of both models in one process, their timed fits alternating for
+    `ROUNDS` rounds, so that a slow or fast phase of the machine (or of the allocator) falls on
+    both alike; the ratio is the median of the rounds' ratios. The matmul probe of model FLOP
+    utilisation runs in the same process, before and after the rounds (the faster counts).
+    Memory is measured by the separate `train_xf` / `train_hub` cases."""
     x, y = _training_data(c.TRAIN_STEPS)
     keras.utils.set_random_seed(c.SEED)
     contenders = {"xf": models.compile_for_training(models.xf_causal_lm()),
@@ -57,14 +61,21 @@ def train_interleaved():
                                           verbose=0).history)
             for name, model in contenders.items()}
     for fit in fits.values():
-        measure.sync(fit())
-    seconds = measure.interleaved_seconds(fits, repeats=c.INTERLEAVED_REPEATS)
-    tokens = c.TRAIN_STEPS * c.BATCH * c.SEQUENCE
+        for _ in range(1 + c.WARMUP):  # the first fit compiles
+            measure.sync(fit())
+    probes = [measure.peak_matmul_flops(c.MATMUL_SIZE)]
+    seconds = measure.interleaved_seconds(fits, repeats=c.ROUNDS)
+    probes.append(measure.peak_matmul_flops(c.MATMUL_SIZE))
+    pair = report.pair_summary(seconds["xf_all"], seconds["hub_all"],
+                               c.TRAIN_STEPS * c.BATCH * c.SEQUENCE)
+    flops = models.training_flops_per_token()
     return {
-        "xf_tokens_per_s": tokens / seconds["xf"],
-        "hub_tokens_per_s": tokens / seconds["hub"],
-        # keras_xf over keras-hub in each round: the spread shows how steady the ratio is
-        "round_ratios": [h / x for x, h in zip(seconds["xf_all"], seconds["hub_all"])],
+        "pairs": {"training": pair},
+        "flops_per_token": flops,
+        "matmul_probes_flops_per_s": probes,
+        "peak_matmul_flops_per_s": max(probes),
+        "mfu": {side: report.model_flop_utilisation(pair[f"{side}_per_s"], flops, max(probes))
+                for side in ("xf", "hub")},
     }
 
 
@@ -83,6 +94,12 @@ def _generation_inputs(batch):
     return {"token_ids": ids, "padding_mask": mask}
 
 
+def _check_generated(output, batch):
+    generated = np.asarray(output["padding_mask"])[:, c.PROMPT :].sum()
+    if generated != batch * c.NEW_TOKENS:
+        raise RuntimeError(f"expected {batch * c.NEW_TOKENS} new tokens, got {generated}")
+
+
 def _generation_throughput(model):
     results = {}
     for batch in c.GENERATION_BATCHES:
@@ -92,12 +109,31 @@ def _generation_throughput(model):
             return model.generate(dict(inputs), stop_token_ids=None)
 
         seconds = measure.median_seconds(generate, warmup=c.WARMUP, repeats=c.GENERATION_REPEATS)
-        output = generate()
-        generated = np.asarray(output["padding_mask"])[:, c.PROMPT :].sum()
-        if generated != batch * c.NEW_TOKENS:
-            raise RuntimeError(f"expected {batch * c.NEW_TOKENS} new tokens, got {generated}")
+        _check_generated(generate(), batch)
         results[f"batch_{batch}_tokens_per_s"] = batch * c.NEW_TOKENS / seconds
     return results
+
+
+def generate_interleaved():
+    """Greedy generation tokens/s of both models at each batch size of `GENERATION_BATCHES`,
+    in one process: every round times keras_xf and keras-hub at each batch in turn."""
+    keras.utils.set_random_seed(c.SEED)
+    contenders = {"xf": models.xf_causal_lm(), "hub": models.hub_causal_lm()}
+    calls = {}
+    for batch in c.GENERATION_BATCHES:
+        inputs = _generation_inputs(batch)
+        for name, model in contenders.items():
+            calls[f"{name}_{batch}"] = (
+                lambda m=model, i=inputs: m.generate(dict(i), stop_token_ids=None))
+    for key, call in calls.items():
+        for _ in range(c.WARMUP):
+            _check_generated(measure.sync(call()), int(key.split("_")[1]))
+    seconds = measure.interleaved_seconds(calls, repeats=c.ROUNDS)
+    return {"pairs": {
+        f"batch_{batch}": report.pair_summary(seconds[f"xf_{batch}_all"],
+                                              seconds[f"hub_{batch}_all"], batch * c.NEW_TOKENS)
+        for batch in c.GENERATION_BATCHES
+    }}
 
 
 def generate_xf():
@@ -140,8 +176,24 @@ def encode_hub():
     return _encoder_throughput(models.hub_text_encoder(), with_segments=True)
 
 
+def encode_interleaved():
+    """Encoder sequences/s (`predict`) of both encoders in one process, alternating rounds."""
+    keras.utils.set_random_seed(c.SEED)
+    contenders = {"xf": (models.xf_text_encoder(), _encoder_inputs(with_segments=False)),
+                  "hub": (models.hub_text_encoder(), _encoder_inputs(with_segments=True))}
+    calls = {name: (lambda m=model, x=x: m.predict(x, batch_size=c.ENCODER_BATCH, verbose=0))
+             for name, (model, x) in contenders.items()}
+    for call in calls.values():
+        for _ in range(1 + c.WARMUP):  # the first call compiles
+            measure.sync(call())
+    seconds = measure.interleaved_seconds(calls, repeats=c.ROUNDS)
+    sequences = len(contenders["xf"][1]["token_ids"])
+    return {"pairs": {"encoder": report.pair_summary(seconds["xf_all"], seconds["hub_all"],
+                                                     sequences)}}
+
+
 def peak_matmul():
-    return {"flops_per_s": measure.peak_matmul_flops()}
+    return {"flops_per_s": measure.peak_matmul_flops(c.MATMUL_SIZE)}
 
 
 def _torch_on_gpu():
@@ -160,9 +212,11 @@ def train_xf_bf16():
     return _fit_throughput(models.xf_causal_lm())
 
 
-def _text_batches(steps, length=c.CURVE_SEQUENCE):
+def _text_batches(steps, length=None):
     """Character ids of the default corpus (Shakespeare, or the standard library's
-    docstrings), cut into `steps` batches of `length`-token next-token examples."""
+    docstrings), cut into `steps` batches of `length`-token next-token examples (`length`:
+    `CURVE_SEQUENCE` by default)."""
+    length = c.CURVE_SEQUENCE if length is None else length
     from keras_xf.datasets import load_text_corpus
 
     text, _ = load_text_corpus()
@@ -218,6 +272,8 @@ CASES = {
     "train_xf": train_xf,
     "train_hub": train_hub,
     "train_interleaved": train_interleaved,
+    "generate_interleaved": generate_interleaved,
+    "encode_interleaved": encode_interleaved,
     "train_xf_bf16": train_xf_bf16,
     "generate_xf": generate_xf,
     "generate_hub": generate_hub,
@@ -228,7 +284,9 @@ CASES = {
 
 
 if __name__ == "__main__":
+    # python -m benchmarks.cases NAME ['{"DROPOUT": 0.1, ...}']: settings of config.py to override
     name = sys.argv[1]
+    c.apply(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
     result = CASES[name]()
     result.update({"case": name, "backend": keras.config.backend(), "pid": os.getpid()})
     print("BENCHMARK_RESULT " + json.dumps(result))

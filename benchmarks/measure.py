@@ -101,15 +101,13 @@ def peak_matmul_flops(size=2048, repeats=5):
 
 
 def cpu_name():
-    """The CPU's model name and vector extensions (AVX2, AVX-512), from /proc/cpuinfo."""
+    """The CPU's model name, core count and vector extensions (AVX2, AVX-512, BF16, AMX), from
+    /proc/cpuinfo."""
+    from benchmarks import report
+
     try:
         with open("/proc/cpuinfo") as file:
-            lines = file.read().splitlines()
+            text = file.read()
     except OSError:
-        return "unknown CPU"
-    fields = dict(line.split(":", 1) for line in lines if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set(fields.get("flags", "").split())
-    vectors = [name for flag, name in (("avx2", "AVX2"), ("avx512f", "AVX-512"),
-                                       ("avx512_bf16", "AVX512-BF16")) if flag in flags]
-    return f"{fields.get('model name', 'unknown CPU')}, {os.cpu_count()} cores, " + "/".join(vectors)
+        text = ""
+    return report.describe_cpu(*report.parse_cpuinfo(text), os.cpu_count())

@@ -88,10 +88,12 @@ def compile_for_training(model):
     return model
 
 
-def training_flops_per_token(sequence=c.SEQUENCE):
+def training_flops_per_token(sequence=None):
     """Matmul FLOPs of one training token: 6·N (forward 2·N, backward 4·N) over the weight
     matrices, tied output projection included, plus 12·L·T·d for the attention scores and
-    weighted sums (forward and backward, the causal half not discounted)."""
+    weighted sums (forward and backward, the causal half not discounted); T is `sequence`,
+    `config.SEQUENCE` by default."""
+    sequence = c.SEQUENCE if sequence is None else sequence
     per_layer = 4 * c.WIDTH * c.WIDTH + 2 * c.WIDTH * c.FFN
     weights = c.LAYERS * per_layer + c.VOCAB * c.WIDTH
     return 6 * weights + 12 * c.LAYERS * sequence * c.WIDTH

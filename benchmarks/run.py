@@ -1,38 +1,46 @@
-"""`make bench`: every benchmark case on the current backend (`KERAS_BACKEND`), each in its own
-process, then one table of ratios against the keras-hub anchors, also written as JSON to
-`benchmarks/results/<backend>.json`.
+"""`make bench`: keras_xf against keras-hub on the current backend (`KERAS_BACKEND`). Each A/B
+pair (training tokens/s, greedy generation tokens/s at batch 1 and 8, encoder sequences/s) runs
+both models in one process, timed in `ROUNDS` alternating rounds; each case in its own process.
+Prints the CPU and its vector extensions, the median ratio of the rounds with its [min, max],
+and the model FLOP utilisation against a matmul probe run in the training pair's process; writes
+the JSON to `benchmarks/results/<backend>.json`.
 
-    KERAS_BACKEND=jax python -m benchmarks.run [--cases train_xf,train_hub] [--output FILE]
+    KERAS_BACKEND=jax python -m benchmarks.run [--quick] [--rounds 5] [--dropout 0.0]
+        [--cases train_interleaved,...] [--output FILE] [--update]
+    python -m benchmarks.run --markdown   # the README table from results/{tensorflow,jax,torch}.json
 """
 
-import argparse
-import json
 import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before `measure` imports Keras
+
+import argparse
+import datetime
+import json
 import pathlib
 import subprocess
 import sys
 import time
 
-from benchmarks.cases import CASES
-
-TARGETS = {  # the ratios keras_xf must reach, per backend
-    "training": {"tensorflow": 1.2, "jax": 1.2, "torch": 1.2},
-    "generation": {"tensorflow": 3.0, "jax": 1.5, "torch": 10.0},
-    "encoder": {"tensorflow": 1.2, "jax": 1.2, "torch": 1.2},
-}
-
+from benchmarks import config
+from benchmarks import measure
+from benchmarks import report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+# `make bench`: the A/B pairs; the other cases of `benchmarks.cases` run with --cases
+DEFAULT_CASES = ("train_interleaved", "generate_interleaved", "encode_interleaved")
 
 
-def run_case(name, backend, tree=ROOT):
+def run_case(name, backend, tree=ROOT, overrides=None):
     """One case in its own process, importing `keras_xf` and `benchmarks` from the checkout
-    at `tree` (this one by default)."""
+    at `tree` (this one by default), with the settings of `config.py` named in `overrides`."""
     environment = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
                        PYTHONPATH=str(tree))
     start = time.perf_counter()
     process = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cases", name],
+        [sys.executable, "-m", "benchmarks.cases", name, json.dumps(overrides or {})],
         capture_output=True, text=True, env=environment, cwd=tree,
     )
     lines = [l for l in process.stdout.splitlines() if l.startswith("BENCHMARK_RESULT ")]
@@ -45,93 +53,77 @@ def run_case(name, backend, tree=ROOT):
     return result
 
 
-def rows(results, backend):
-    """(measure, keras_xf, anchor, ratio, target) rows of the table."""
-    table = []
-
-    def add(measure, ours, anchor, kind=None, higher_is_better=True):
-        ratio = ours / anchor if higher_is_better else anchor / ours
-        target = TARGETS[kind][backend] if kind else None
-        table.append((measure, ours, anchor, ratio, target))
-
-    if "train_xf" in results and "train_hub" in results:
-        xf, hub = results["train_xf"], results["train_hub"]
-        add("training tokens/s (float32)", xf["tokens_per_s"], hub["tokens_per_s"], "training")
-        add("peak training memory MB (hub/xf)", xf["peak_rss_mb"], hub["peak_rss_mb"],
-            higher_is_better=False)
-        if "peak_matmul" in results:
-            peak = results["peak_matmul"]["flops_per_s"]
-            table.append(("model FLOP utilisation", xf["flops_per_s"] / peak,
-                          hub["flops_per_s"] / peak, None, None))
-    if "train_interleaved" in results:
-        pair = results["train_interleaved"]
-        add("training tokens/s, both in one process, alternating", pair["xf_tokens_per_s"],
-            pair["hub_tokens_per_s"], "training")
-    if "train_xf_bf16" in results and "train_xf" in results:
-        table.append(("training tokens/s, mixed_bfloat16 vs float32",
-                      results["train_xf_bf16"]["tokens_per_s"],
-                      results["train_xf"]["tokens_per_s"],
-                      results["train_xf_bf16"]["tokens_per_s"] / results["train_xf"]["tokens_per_s"],
-                      None))
-    if "generate_xf" in results and "generate_hub" in results:
-        for key in sorted(results["generate_xf"]):
-            if key.endswith("tokens_per_s"):
-                add(f"greedy generation {key.replace('_', ' ').replace('tokens per s', 'tokens/s')}",
-                    results["generate_xf"][key], results["generate_hub"][key], "generation")
-    if "encode_xf" in results and "encode_hub" in results:
-        add("encoder sequences/s", results["encode_xf"]["sequences_per_s"],
-            results["encode_hub"]["sequences_per_s"], "encoder")
-    return table
-
-
-def format_table(table, backend, results):
-    lines = [f"keras_xf vs keras-hub on {backend} (ratio: keras_xf over keras-hub, higher is better)",
-             f"{'measure':52} {'keras_xf':>12} {'anchor':>12} {'ratio':>7} {'target':>7}"]
-    for measure, ours, anchor, ratio, target in table:
-        ratio_text = "" if ratio is None else f"{ratio:7.2f}"
-        target_text = "" if target is None else f"{target:7.1f}" + (" ok" if ratio >= target else " SHORT")
-        lines.append(f"{measure:52} {ours:12.4g} {anchor:12.4g} {ratio_text:>7} {target_text}")
-    if "peak_matmul" in results:
-        lines.append(f"peak float32 matmul: {results['peak_matmul']['flops_per_s'] / 1e9:.1f} GFLOP/s")
-    if "train_interleaved" in results:
-        spread = results["train_interleaved"]["round_ratios"]
-        lines.append(f"interleaved training ratio per round: min {min(spread):.2f}, "
-                     f"max {max(spread):.2f} over {len(spread)} rounds")
-    if "bf16_curves" in results:
-        curves = results["bf16_curves"]
-        lines.append(
-            f"bf16 vs float32 loss over {curves['steps']} steps (sequences of "
-            f"{curves['sequence_length']}): first {curves['float32_first_loss']:.3f}, last "
-            f"(20-step mean) {curves['bf16_last_loss']:.4f} vs {curves['float32_last_loss']:.4f}, "
-            f"largest relative difference of the 20-step means {curves['max_relative_difference']:.2e}"
-        )
-    return "\n".join(lines)
+def _print_markdown(folder):
+    runs = {}
+    for backend in ("tensorflow", "jax", "torch"):
+        path = folder / f"{backend}.json"
+        if path.exists():
+            run = json.loads(path.read_text())
+            if any("pairs" in r for r in run["results"].values()):
+                runs[backend] = run
+    if not runs:
+        raise SystemExit(f"no results with A/B pairs in {folder}; run `make bench` first")
+    print(report.markdown_table(runs))
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES))
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"alternating rounds per A/B pair (default {config.ROUNDS}, "
+                             "at least 3)")
+    parser.add_argument("--dropout", type=float, default=config.DROPOUT,
+                        help="dropout of both models (default: the issue's protocol, "
+                             f"{config.DROPOUT})")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few small steps of every case: checks that the harness runs "
+                             "(results/quick/<backend>.json, not a measurement)")
     parser.add_argument("--output", default=None)
     parser.add_argument("--update", action="store_true",
                         help="keep the other cases' results already in the output file")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the README table from results/<backend>.json (with "
+                             "--quick: results/quick/) and exit")
     args = parser.parse_args()
+    if args.markdown:
+        _print_markdown(RESULTS / "quick" if args.quick else RESULTS)
+        return
+    from benchmarks.cases import CASES
+
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     names = [n for n in args.cases.split(",") if n]
     unknown = sorted(set(names) - set(CASES))
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; known: {sorted(CASES)}")
-    print(f"Running {len(names)} benchmark cases on {backend}", flush=True)
-    output = pathlib.Path(args.output or pathlib.Path(__file__).parent / "results" / f"{backend}.json")
+    overrides = dict(config.QUICK) if args.quick else {}
+    if args.rounds is not None:
+        if args.rounds < 3:
+            raise SystemExit(f"--rounds must be at least 3; received {args.rounds}")
+        overrides["ROUNDS"] = args.rounds
+    overrides["DROPOUT"] = args.dropout
+    rounds = overrides.get("ROUNDS", config.ROUNDS)
+    machine = measure.cpu_name()
+    load = os.getloadavg()
+    print(f"Running {len(names)} benchmark cases on {backend}{' (quick)' if args.quick else ''}"
+          f", {rounds} rounds, dropout {args.dropout}", flush=True)
+    print(f"machine: {machine}; load average {load[0]:.2f}", flush=True)
+    default_output = RESULTS / ("quick" if args.quick else "") / f"{backend}.json"
+    output = pathlib.Path(args.output or default_output)
     results = {}
     if args.update and output.exists():
         results = json.loads(output.read_text())["results"]
-    results.update({name: run_case(name, backend) for name in names})
-    table = rows(results, backend)
-    print(format_table(table, backend, results))
+    results.update({name: run_case(name, backend, overrides=overrides) for name in names})
+    table = report.rows(results, backend)
+    peak = results.get("train_interleaved", {}).get("peak_matmul_flops_per_s")
+    print(report.format_table(table, backend, machine, peak))
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(
-        {"backend": backend, "results": results,
-         "table": [dict(zip(("measure", "keras_xf", "anchor", "ratio", "target"), r)) for r in table]},
+        {"backend": backend, "machine": machine, "date": datetime.date.today().isoformat(),
+         "load_average": list(load), "load_average_after": list(os.getloadavg()),
+         "quick": args.quick, "rounds": rounds, "dropout": args.dropout,
+         "overrides": overrides, "results": results,
+         "table": [dict(zip(("measure", "keras_xf", "keras_hub", "ratio", "min", "max", "target"),
+                            r)) for r in table]},
         indent=1))
     print(f"written: {output}")
 
