@@ -41,7 +41,7 @@ class BranchMix(SequenceMixer):
         attention_bias: float `[B, T, S]` or `[B, H, T, S]`, additive `M` (syntax branch).
         attention_multiplier: float `[B, T, S]` or `[B, H, T, S]`, multiplicative `M`
             (syntax branch).
-        cache: `[B, 4, L, Hkv, W]` from `init_cache`; cache_index: as `MultiHeadAttention`.
+        cache: `[B, 4, Hkv, L, W]` from `init_cache`; cache_index: as `MultiHeadAttention`.
         training: bool.
 
     Returns:
@@ -108,7 +108,7 @@ class BranchMix(SequenceMixer):
         return ops.sigmoid(ops.cast(self.alpha_logit, "float32"))
 
     def init_cache(self, batch_size, max_length, dtype=None):
-        """The branches' caches `[B, 2, L, Hkv, W]` stacked into `[B, 4, L, Hkv, W]`."""
+        """The branches' caches `[B, 2, Hkv, L, W]` stacked into `[B, 4, Hkv, L, W]`."""
         caches = [
             branch.init_cache(batch_size, max_length, dtype)
             for branch in (self.attention, self.syntax_attention)

@@ -80,15 +80,24 @@ class ScoreExtensionsMixin:
         return ops.pad(tensor, [[0, 0], [0, 0], [0, 0], [0, missing]])
 
     def _cache_entry(self, key, value):
-        """`[B, 2, S, Hkv, width]`: keys and values stacked, each zero-padded to the width."""
+        """`[B, 2, Hkv, S, width]`: keys and values `[B, S, Hkv, ·]` stacked head-major, each
+        zero-padded to the width. Head-major keeps each head's keys contiguous, so decoding
+        reads them in the layout of its `q·kᵀ` product, without a transposed copy per step."""
         value = ops.cast(value, key.dtype)
-        return ops.stack([self._pad_to_cache(key), self._pad_to_cache(value)], axis=1)
+        entry = ops.stack([self._pad_to_cache(key), self._pad_to_cache(value)], axis=1)
+        return ops.transpose(entry, (0, 1, 3, 2, 4))
 
-    def _read_cache(self, cache):
+    def _read_cache_heads(self, cache):
+        """Keys and values of a cache in its own head-major layout `[B, Hkv, S, ·]`."""
         key, value = cache[:, 0], cache[:, 1]
         if self.qk_dim is None or self.qk_dim == self.head_dim:
             return key, value
         return key[..., : self.qk_dim], value[..., : self.head_dim]
+
+    def _read_cache(self, cache):
+        """Keys and values of a cache as `[B, S, Hkv, ·]`, the layout of the other paths."""
+        key, value = self._read_cache_heads(cache)
+        return ops.transpose(key, (0, 2, 1, 3)), ops.transpose(value, (0, 2, 1, 3))
 
     # Syntax matrices M (§3.2, §3.3) -------------------------------------------------------
 
@@ -110,13 +119,13 @@ class ScoreExtensionsMixin:
         rolling = self._is_rolling(cache, cache_index, value)
         if rolling:
             # One new token attends to the slots; a prompt to the slots and its own keys.
-            slots = cache.shape[2]
+            slots = cache.shape[3]
             key_length = slots if query_length == 1 else (
                 None if query_length is None else slots + query_length)
             keys = f"the rolling cache of {slots} slots"
         elif cache is not None and (cache_index is not None or value is None):
-            key_length = static_dim(cache.shape[2])
-            keys = f"cache.shape={tuple(cache.shape)} (key_length = cache.shape[2])"
+            key_length = static_dim(cache.shape[3])
+            keys = f"cache.shape={tuple(cache.shape)} (key_length = cache.shape[3])"
         else:
             name, source = next(
                 (n, t) for n, t in (("key", key), ("value", value), ("query", query))

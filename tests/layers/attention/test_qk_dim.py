@@ -47,7 +47,7 @@ def test_cached_decoding_with_rotary_equals_full_causal_pass(rng, qk_dim, kv_hea
     x = random_normal(rng, (B, T, D))
     checks.check_cached_decoding(layer, x, prefill=2)
     # One tensor for keys and values, zero-padded to the wider of d′ and head_dim.
-    assert tuple(layer.init_cache(B, T).shape) == (B, 2, T, kv_heads, max(qk_dim, D // H))
+    assert tuple(layer.init_cache(B, T).shape) == (B, 2, kv_heads, T, max(qk_dim, D // H))
 
 
 def test_cross_attention_cache(rng):
