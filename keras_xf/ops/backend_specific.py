@@ -86,14 +86,14 @@ def writes_cache_in_place():
 
 
 def write_cache_in_place(cache, update, index):
-    """`cache[:, :, :, index : index + t] = update` in place (PyTorch's `index_copy_`), returning
+    """`cache[:, :, index : index + t] = update` in place (PyTorch's `index_copy_`), returning
     `cache`: `keras.ops` has no in-place write (see `cache_updates_in_place`)."""
     import torch
 
-    positions = torch.arange(update.shape[3], device=cache.device) + torch.as_tensor(
+    positions = torch.arange(update.shape[2], device=cache.device) + torch.as_tensor(
         index, device=cache.device
     ).to(torch.int64)
-    return cache.index_copy_(3, positions, update)
+    return cache.index_copy_(2, positions, update)
 
 
 # Time loops (keras_xf.ops.scan) ---------------------------------------------------------

@@ -108,7 +108,8 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             an earlier layer, survey §5.4, attention-map sharing): the scores are not computed
             and `α·v` uses these weights (masked by this call's masks).
         use_causal_mask: bool, `None` means `causal`.
-        cache: `[B, 2, Hkv, S_max, Dh]` from `init_cache`. With `cache_index`, the new keys and
+        cache: the pair `(keys [B, Hkv, S_max, d′], values [B, Hkv, S_max, Dh])` from
+            `init_cache`. With `cache_index`, the new keys and
             values are written at `cache_index` and the queries attend to the cache; without
             it, the cache is filled from `value` (cross-attention computed once) or, when
             `value` is `None`, used as it is.
@@ -275,17 +276,19 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
                 hook.build(head_shape)
 
     def init_cache(self, batch_size, max_length, dtype=None):
-        """A zero cache `[batch_size, 2, num_key_value_heads, max_length, width]` (head-major),
-        `width` = `max(qk_dim, head_dim)` (keys and values zero-padded to it; `head_dim` by
-        default); with a pattern that has `cache_slots`, `min(max_length, cache_slots)`
-        rolling slots."""
+        """A zero cache, the head-major pair `(keys [batch_size, num_key_value_heads,
+        max_length, qk_dim], values [batch_size, num_key_value_heads, max_length, head_dim])`
+        (`qk_dim` is `head_dim` by default); with a pattern that has `cache_slots`,
+        `min(max_length, cache_slots)` rolling slots."""
         if self.head_dim is None:
             raise ValueError(
                 "init_cache needs head_dim: pass head_dim to MultiHeadAttention or build it first."
             )
         max_length = self._cache_length(max_length)
-        shape = (batch_size, 2, self.num_key_value_heads, max_length, self._cache_width())
-        return ops.zeros(shape, dtype=dtype or self.compute_dtype)
+        shape = (batch_size, self.num_key_value_heads, max_length)
+        dtype = dtype or self.compute_dtype
+        return (ops.zeros(shape + (self.qk_dim or self.head_dim,), dtype=dtype),
+                ops.zeros(shape + (self.head_dim,), dtype=dtype))
 
     def _check_width(self, arg, tensor, expected):
         if expected is not None and tensor.shape[-1] is not None and tensor.shape[-1] != expected:
@@ -339,7 +342,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             k = self._project(self.key_dense, key_input)
             v = self._project(self.value_dense, value_input)
         key_positions = ops.arange(
-            ops.shape(cache)[3] if k is None else ops.shape(k)[1], dtype="int32"
+            ops.shape(cache[0])[2] if k is None else ops.shape(k)[1], dtype="int32"
         ) + (offset if value is None else 0)
         if self.position is not None:
             if reuse_cache:
@@ -360,13 +363,13 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             new_cache, k, v, key_positions, valid_keys = self._rolling_cache_update(
                 cache, k, v, offset, padding_mask, attention_mask)
         elif cache is not None and cache_index is not None:
-            update = self._cache_entry(k, v)
-            new_cache = update_cache(cache, ops.cast(update, cache.dtype), offset)
+            new_cache = update_cache(cache, self._cache_entry(k, v), offset)
             k, v = (None, None) if head_major else self._read_cache(new_cache)
-            key_positions = ops.arange(ops.shape(new_cache)[3], dtype="int32")
+            key_positions = ops.arange(ops.shape(new_cache[0])[2], dtype="int32")
             valid_keys = ops.less(key_positions, offset + query_length)[None, :]
         elif cache is not None:
-            new_cache = cache if reuse_cache else ops.cast(self._cache_entry(k, v), cache.dtype)
+            new_cache = cache if reuse_cache else tuple(
+                ops.cast(part, cache[0].dtype) for part in self._cache_entry(k, v))
 
         mask = merge_masks(
             None if padding_mask is None else key_padding_to_attention_mask(padding_mask),
@@ -376,8 +379,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             self._pattern_mask(q, k, query_positions, key_positions, cache_index),
         )
         if head_major:
-            outputs = head_major_attention(q, *self._read_cache_heads(new_cache), mask=mask,
-                                           scale=self.scale)
+            outputs = head_major_attention(q, *new_cache, mask=mask, scale=self.scale)
             return join_results(self._project(self.output_dense, outputs), new_cache, None, True)
         bias = None
         for hook in self.biases:
@@ -534,7 +536,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             and cache is not None
             and cache_index is not None
             and value is None
-            and cache.shape[3] == slots
+            and cache[0].shape[2] == slots
         )
 
     def _rolling_cache_update(self, cache, k, v, offset, padding_mask, attention_mask):
@@ -553,9 +555,9 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
                 "attention_mask cannot index it. Received: padding_mask="
                 f"{padding_mask is not None}, attention_mask={attention_mask is not None}"
             )
-        slots = cache.shape[3]
+        slots = cache[0].shape[2]
         length = k.shape[1]
-        update = ops.cast(self._cache_entry(k, v), cache.dtype)
+        update = tuple(ops.cast(part, cache[0].dtype) for part in self._cache_entry(k, v))
         slot_ids = ops.arange(slots, dtype="int32")
         end = offset + ops.shape(k)[1]
         if length == 1:
@@ -566,12 +568,12 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             last = end - 1
             newest = last - ops.mod(last - slot_ids + slots, slots)
             index = ops.clip(newest - offset, 0, ops.shape(k)[1] - 1)
-            new_cache = ops.where(
-                (newest >= offset)[None, None, None, :, None],
-                ops.take(update, index, axis=3),
-                cache,
+            new_cache = tuple(
+                ops.where((newest >= offset)[None, None, :, None], ops.take(new, index, axis=2),
+                          old)
+                for old, new in zip(cache, update)
             )
-            keys = ops.concatenate([cache, update], axis=3)
+            keys = tuple(ops.concatenate([old, new], axis=2) for old, new in zip(cache, update))
             old_positions = offset - 1 - ops.mod(offset - 1 - slot_ids + slots, slots)
             key_positions = ops.concatenate(
                 [old_positions, ops.arange(ops.shape(k)[1], dtype="int32") + offset]
@@ -591,7 +593,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         extras = None
         if return_attention_scores:
             if cache is not None:
-                key_length = cache.shape[3]
+                key_length = cache[0].shape[2]
             else:
                 key_length = (query if value is None else value).shape[1]
             extras = {"attention_scores": keras.KerasTensor(
