@@ -18,6 +18,9 @@ xla_only = pytest.mark.skipif(
 
 
 def to_numpy(x):
+    """A tensor as numpy; a tuple (a cache pair) as a tuple of arrays."""
+    if isinstance(x, tuple):
+        return tuple(to_numpy(part) for part in x)
     return keras.ops.convert_to_numpy(x)
 
 

@@ -88,6 +88,51 @@ def attend(weights, value):
     return ops.einsum("bhts,bshd->bthd", ops.cast(weights, value.dtype), value)
 
 
+def head_major_attention(query, key, value, mask=None, scale=None):
+    """`Softmax(Q·Kᵀ·scale, masked) · V` with keys and values in a head-major cache's layout.
+
+    Decoding reads every cached key at every step. Kept as `[B, Hkv, S, Dh]` (the layout of
+    `MultiHeadAttention.init_cache`), each head's keys are the contiguous operand of its
+    `q·kᵀ` product; the `[B, S, Hkv, Dh]` layout of `scaled_dot_product_attention` makes
+    the backends copy the whole cache transposed at every step. Grouped query heads (survey
+    §5.4) attend to their shared key head without repeating it. Scores and softmax are
+    float32; a query whose keys are all masked gets zeros.
+
+    Args:
+        query: `[B, T, H, Dq]`.
+        key: `[B, Hkv, S, Dq]`, `H % Hkv == 0`.
+        value: `[B, Hkv, S, Dv]`.
+        mask: optional boolean mask broadcastable to `[B, H, T, S]` (as `merge_masks` gives).
+        scale: score scale; defaults to `1/√Dq`.
+
+    Returns:
+        `[B, T, H, Dv]` in the dtype of `value`.
+    """
+    heads, kv_heads = query.shape[2], key.shape[1]
+    if heads % kv_heads != 0:
+        raise ValueError(
+            "The number of query heads must be a multiple of the number of key/value heads. "
+            f"Received: query heads={heads}, key/value heads={kv_heads}"
+        )
+    groups = heads // kv_heads
+    if scale is None:
+        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    batch, length = ops.shape(query)[0], ops.shape(query)[1]
+    grouped = ops.reshape(ops.cast(query, "float32"),
+                          (batch, length, kv_heads, groups, query.shape[-1]))
+    scores = ops.einsum("btkgd,bksd->bkgts", grouped, ops.cast(key, "float32")) * scale
+    if mask is not None:
+        mask = merge_masks(mask)
+        if mask.shape[1] == 1:
+            mask = ops.expand_dims(mask, 2)  # [B|1, 1, 1, T, S]
+        else:
+            mask = ops.reshape(mask, (ops.shape(mask)[0], kv_heads, groups) + tuple(
+                ops.shape(mask)[2:]))
+    weights = masked_softmax(scores, mask)
+    outputs = ops.einsum("bkgts,bksd->btkgd", ops.cast(weights, value.dtype), value)
+    return ops.reshape(outputs, (batch, length, heads, value.shape[-1]))
+
+
 def _fused_attention(query, key, value, mask, bias, scale):
     """`keras.ops.dot_product_attention`, with fully masked rows giving zero outputs."""
     row_valid = None

@@ -9,8 +9,8 @@ from keras_xf.ops.cache import update_cache
 
 
 def _cache_and_update(rng):
-    cache = rng.normal(size=(2, 2, 6, 3, 4)).astype("float32")
-    update = rng.normal(size=(2, 2, 2, 3, 4)).astype("float32")
+    cache = rng.normal(size=(2, 3, 6, 4)).astype("float32")  # [B, Hkv, L, Dh]
+    update = rng.normal(size=(2, 3, 2, 4)).astype("float32")
     expected = cache.copy()
     expected[:, :, 3:5] = update
     return cache, update, expected

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
+from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import with_dtype_policy
@@ -21,8 +22,8 @@ class BranchMix(SequenceMixer):
     `Softmax(QKᵀ/√d + M)V`, or multiplicatively, `Softmax(QKᵀ/√d ⊙ M)V`. The two branches have
     their own weights. `α` is fixed, or learned as `α = sigmoid(w)` (a scalar kept in (0, 1)).
     The layer takes the call arguments a `TransformerBlock` gives its mixer, so it can be a
-    block's `mixer`; with a cache, the two branches' caches are stacked along axis 1
-    (`[B, 4, L, Hkv, W]`: the plain branch's keys and values, then the syntax branch's).
+    block's `mixer`; with a cache, its cache is the pair of the two branches' caches
+    `(plain, syntax)`.
 
     Args:
         attention: a `MultiHeadAttention` (or its config), the plain branch `Att_self`.
@@ -41,7 +42,8 @@ class BranchMix(SequenceMixer):
         attention_bias: float `[B, T, S]` or `[B, H, T, S]`, additive `M` (syntax branch).
         attention_multiplier: float `[B, T, S]` or `[B, H, T, S]`, multiplicative `M`
             (syntax branch).
-        cache: `[B, 4, L, Hkv, W]` from `init_cache`; cache_index: as `MultiHeadAttention`.
+        cache: the pair `(plain, syntax)` from `init_cache`; cache_index: as
+            `MultiHeadAttention`.
         training: bool.
 
     Returns:
@@ -108,17 +110,18 @@ class BranchMix(SequenceMixer):
         return ops.sigmoid(ops.cast(self.alpha_logit, "float32"))
 
     def init_cache(self, batch_size, max_length, dtype=None):
-        """The branches' caches `[B, 2, L, Hkv, W]` stacked into `[B, 4, L, Hkv, W]`."""
+        """The pair of the branches' caches `(plain, syntax)`, each `MultiHeadAttention`'s."""
         caches = [
             branch.init_cache(batch_size, max_length, dtype)
             for branch in (self.attention, self.syntax_attention)
         ]
-        if tuple(caches[0].shape) != tuple(caches[1].shape):
+        shapes = [tuple(tuple(part.shape) for part in cache) for cache in caches]
+        if shapes[0] != shapes[1]:
             raise ValueError(
-                "BranchMix needs branches with equal cache shapes. Received: "
-                f"{tuple(caches[0].shape)} and {tuple(caches[1].shape)}"
+                f"BranchMix needs branches with equal cache shapes. Received: {shapes[0]} and "
+                f"{shapes[1]}"
             )
-        return ops.concatenate(caches, axis=1)
+        return tuple(caches)
 
     def call(
         self,
@@ -145,7 +148,12 @@ class BranchMix(SequenceMixer):
         }
         plain_cache = syntax_cache = None
         if cache is not None:
-            plain_cache, syntax_cache = cache[:, :2], cache[:, 2:]
+            if not isinstance(cache, (tuple, list)) or len(cache) != 2:
+                raise ValueError(
+                    "cache must be the pair (plain, syntax) of BranchMix.init_cache. Received: "
+                    f"{type(cache).__name__}"
+                )
+            plain_cache, syntax_cache = cache
         plain = self.attention(query, cache=plain_cache, **common)
         syntax = self.syntax_attention(
             query,
@@ -160,7 +168,7 @@ class BranchMix(SequenceMixer):
         outputs = alpha * plain + (1 - alpha) * ops.cast(syntax, plain.dtype)
         if cache is None:
             return outputs
-        return outputs, ops.concatenate([plain_cache, syntax_cache], axis=1)
+        return outputs, (plain_cache, syntax_cache)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return self.attention.compute_output_shape(query_shape)
@@ -169,7 +177,7 @@ class BranchMix(SequenceMixer):
         outputs = keras.KerasTensor(self.compute_output_shape(query.shape), dtype=self.compute_dtype)
         if cache is None:
             return outputs
-        return outputs, keras.KerasTensor(cache.shape, dtype=cache.dtype)
+        return outputs, new_specs(cache)
 
     def get_config(self):
         config = super().get_config()

@@ -18,6 +18,7 @@ from keras_xf.layers.head_projections import project
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.ops.attention import attend
 from keras_xf.ops.attention import attention_scores
+from keras_xf.ops.attention import head_major_attention
 from keras_xf.ops.attention import masked_softmax
 from keras_xf.ops.attention import scaled_dot_product_attention
 from keras_xf.ops.block_sparse_attention import block_sparse_attention
@@ -107,7 +108,8 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             an earlier layer, survey §5.4, attention-map sharing): the scores are not computed
             and `α·v` uses these weights (masked by this call's masks).
         use_causal_mask: bool, `None` means `causal`.
-        cache: `[B, 2, S_max, Hkv, Dh]` from `init_cache`. With `cache_index`, the new keys and
+        cache: the pair `(keys [B, Hkv, S_max, d′], values [B, Hkv, S_max, Dh])` from
+            `init_cache`. With `cache_index`, the new keys and
             values are written at `cache_index` and the queries attend to the cache; without
             it, the cache is filled from `value` (cross-attention computed once) or, when
             `value` is `None`, used as it is.
@@ -274,16 +276,19 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
                 hook.build(head_shape)
 
     def init_cache(self, batch_size, max_length, dtype=None):
-        """A zero cache `[batch_size, 2, max_length, num_key_value_heads, width]`, `width` =
-        `max(qk_dim, head_dim)` (keys and values zero-padded to it; `head_dim` by default);
-        with a pattern that has `cache_slots`, `min(max_length, cache_slots)` rolling slots."""
+        """A zero cache, the head-major pair `(keys [batch_size, num_key_value_heads,
+        max_length, qk_dim], values [batch_size, num_key_value_heads, max_length, head_dim])`
+        (`qk_dim` is `head_dim` by default); with a pattern that has `cache_slots`,
+        `min(max_length, cache_slots)` rolling slots."""
         if self.head_dim is None:
             raise ValueError(
                 "init_cache needs head_dim: pass head_dim to MultiHeadAttention or build it first."
             )
         max_length = self._cache_length(max_length)
-        shape = (batch_size, 2, max_length, self.num_key_value_heads, self._cache_width())
-        return ops.zeros(shape, dtype=dtype or self.compute_dtype)
+        shape = (batch_size, self.num_key_value_heads, max_length)
+        dtype = dtype or self.compute_dtype
+        return (ops.zeros(shape + (self.qk_dim or self.head_dim,), dtype=dtype),
+                ops.zeros(shape + (self.head_dim,), dtype=dtype))
 
     def _check_width(self, arg, tensor, expected):
         if expected is not None and tensor.shape[-1] is not None and tensor.shape[-1] != expected:
@@ -324,17 +329,21 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
 
         q = self._project(self.query_dense, query)
         reuse_cache = cache is not None and cache_index is None and value is None
+        head_major = self._attends_head_major(
+            cache, cache_index, value, attention_bias, attention_multiplier, attention_weights,
+            return_attention_scores, training,
+        )
         if reuse_cache:
-            k, v = self._read_cache(cache)
+            k, v = (None, None) if head_major else self._read_cache(cache)
         else:
             value_input = query if value is None else value
             key_input = value_input if key is None else key
             self._check_width("value", value_input, self.value_dense.kernel.shape[0])
             k = self._project(self.key_dense, key_input)
             v = self._project(self.value_dense, value_input)
-        key_positions = ops.arange(ops.shape(k)[1], dtype="int32") + (
-            offset if value is None else 0
-        )
+        key_positions = ops.arange(
+            ops.shape(cache[0])[2] if k is None else ops.shape(k)[1], dtype="int32"
+        ) + (offset if value is None else 0)
         if self.position is not None:
             if reuse_cache:
                 q = self.position.rotate(q, q, query_positions, query_positions)[0]
@@ -354,13 +363,13 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             new_cache, k, v, key_positions, valid_keys = self._rolling_cache_update(
                 cache, k, v, offset, padding_mask, attention_mask)
         elif cache is not None and cache_index is not None:
-            update = self._cache_entry(k, v)
-            new_cache = update_cache(cache, ops.cast(update, cache.dtype), offset)
-            k, v = self._read_cache(new_cache)
-            key_positions = ops.arange(ops.shape(k)[1], dtype="int32")
+            new_cache = update_cache(cache, self._cache_entry(k, v), offset)
+            k, v = (None, None) if head_major else self._read_cache(new_cache)
+            key_positions = ops.arange(ops.shape(new_cache[0])[2], dtype="int32")
             valid_keys = ops.less(key_positions, offset + query_length)[None, :]
         elif cache is not None:
-            new_cache = cache if reuse_cache else ops.cast(self._cache_entry(k, v), cache.dtype)
+            new_cache = cache if reuse_cache else tuple(
+                ops.cast(part, cache[0].dtype) for part in self._cache_entry(k, v))
 
         mask = merge_masks(
             None if padding_mask is None else key_padding_to_attention_mask(padding_mask),
@@ -369,6 +378,9 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             valid_keys,
             self._pattern_mask(q, k, query_positions, key_positions, cache_index),
         )
+        if head_major:
+            outputs = head_major_attention(q, *new_cache, mask=mask, scale=self.scale)
+            return join_results(self._project(self.output_dense, outputs), new_cache, None, True)
         bias = None
         for hook in self.biases:
             if hook.mixes_weights:
@@ -424,6 +436,30 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
 
         extras = {"attention_scores": weights} if return_attention_scores else None
         return join_results(outputs, new_cache, extras, cache is not None)
+
+    def _attends_head_major(self, cache, cache_index, value, attention_bias,
+                            attention_multiplier, attention_weights, return_attention_scores,
+                            training):
+        """Whether this call reads a cache (decoding, or cross-attention to a filled cache)
+        and needs nothing but masks, so that `head_major_attention` attends to the cache in
+        its own `[B, Hkv, S, ·]` layout: no score hooks, pattern, matrices, returned weights
+        or attention dropout."""
+        reads_cache = cache is not None and (
+            cache_index is not None or value is None
+        ) and not self._is_rolling(cache, cache_index, value)
+        return (
+            reads_cache
+            and type(self)._project is MultiHeadAttention._project
+            and type(self)._pattern_mask is MultiHeadAttention._pattern_mask
+            and self.pattern is None
+            and self.multiplier is None
+            and not self.biases
+            and attention_bias is None
+            and attention_multiplier is None
+            and attention_weights is None
+            and not return_attention_scores
+            and not (bool(training) and self.dropout > 0)
+        )
 
     def _mix_weights(self, weights, q, k, query_positions, key_positions, mask):
         """The softmax weights after the `mixes_weights` biases, in order."""
@@ -500,7 +536,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             and cache is not None
             and cache_index is not None
             and value is None
-            and cache.shape[2] == slots
+            and cache[0].shape[2] == slots
         )
 
     def _rolling_cache_update(self, cache, k, v, offset, padding_mask, attention_mask):
@@ -519,9 +555,9 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
                 "attention_mask cannot index it. Received: padding_mask="
                 f"{padding_mask is not None}, attention_mask={attention_mask is not None}"
             )
-        slots = cache.shape[2]
+        slots = cache[0].shape[2]
         length = k.shape[1]
-        update = ops.cast(self._cache_entry(k, v), cache.dtype)
+        update = tuple(ops.cast(part, cache[0].dtype) for part in self._cache_entry(k, v))
         slot_ids = ops.arange(slots, dtype="int32")
         end = offset + ops.shape(k)[1]
         if length == 1:
@@ -532,12 +568,12 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             last = end - 1
             newest = last - ops.mod(last - slot_ids + slots, slots)
             index = ops.clip(newest - offset, 0, ops.shape(k)[1] - 1)
-            new_cache = ops.where(
-                (newest >= offset)[None, None, :, None, None],
-                ops.take(update, index, axis=2),
-                cache,
+            new_cache = tuple(
+                ops.where((newest >= offset)[None, None, :, None], ops.take(new, index, axis=2),
+                          old)
+                for old, new in zip(cache, update)
             )
-            keys = ops.concatenate([cache, update], axis=2)
+            keys = tuple(ops.concatenate([old, new], axis=2) for old, new in zip(cache, update))
             old_positions = offset - 1 - ops.mod(offset - 1 - slot_ids + slots, slots)
             key_positions = ops.concatenate(
                 [old_positions, ops.arange(ops.shape(k)[1], dtype="int32") + offset]
@@ -557,7 +593,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         extras = None
         if return_attention_scores:
             if cache is not None:
-                key_length = cache.shape[2]
+                key_length = cache[0].shape[2]
             else:
                 key_length = (query if value is None else value).shape[1]
             extras = {"attention_scores": keras.KerasTensor(

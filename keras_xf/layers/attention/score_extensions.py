@@ -63,32 +63,40 @@ class ScoreExtensionsMixin:
 
     # Low-dimensional queries and keys (§5.3.2) -------------------------------------------
 
-    def _cache_width(self):
-        """Keys and values share one cache tensor; both are zero-padded to the wider one."""
-        return self.head_dim if self.qk_dim is None else max(self.qk_dim, self.head_dim)
-
     def _needs_explicit_path(self, syntax_multiplier):
         # The fused kernels of some backends (JAX) need values as wide as queries and keys.
         return syntax_multiplier is not None or (
             self.qk_dim is not None and self.qk_dim != self.head_dim
         )
 
-    def _pad_to_cache(self, tensor):
-        missing = self._cache_width() - tensor.shape[-1]
-        if missing == 0:
-            return tensor
-        return ops.pad(tensor, [[0, 0], [0, 0], [0, 0], [0, missing]])
-
     def _cache_entry(self, key, value):
-        """`[B, 2, S, Hkv, width]`: keys and values stacked, each zero-padded to the width."""
-        value = ops.cast(value, key.dtype)
-        return ops.stack([self._pad_to_cache(key), self._pad_to_cache(value)], axis=1)
+        """The cache entries of keys `[B, S, Hkv, d′]` and values `[B, S, Hkv, Dh]`: the pair
+        `(keys [B, Hkv, S, d′], values [B, Hkv, S, Dh])`, head-major. Decoding reads every
+        cached key at every step; head-major, each head's keys are the contiguous operand of
+        its `q·kᵀ` product, and two tensors (not one stacked tensor) make each an operand
+        without a slice copy."""
+        return (ops.transpose(key, (0, 2, 1, 3)),
+                ops.transpose(ops.cast(value, key.dtype), (0, 2, 1, 3)))
 
     def _read_cache(self, cache):
-        key, value = cache[:, 0], cache[:, 1]
-        if self.qk_dim is None or self.qk_dim == self.head_dim:
-            return key, value
-        return key[..., : self.qk_dim], value[..., : self.head_dim]
+        """Keys and values of a cache as `[B, S, Hkv, ·]`, the layout of the other paths."""
+        return tuple(ops.transpose(part, (0, 2, 1, 3)) for part in cache)
+
+    @staticmethod
+    def _check_cache(cache):
+        """A `MultiHeadAttention` cache is the pair `(keys, values)` of `init_cache`."""
+        if cache is None:
+            return
+        if not isinstance(cache, (tuple, list)) or len(cache) != 2 or any(
+            len(getattr(part, "shape", ())) != 4 for part in cache
+        ):
+            shape = getattr(cache, "shape", None)
+            received = (f"a tensor of shape {tuple(shape)}" if shape is not None else
+                        f"{type(cache).__name__} of {len(cache) if isinstance(cache, (tuple, list)) else '?'} entries")
+            raise ValueError(
+                "cache must be the pair (keys [B, Hkv, L, d], values [B, Hkv, L, d]) of "
+                f"init_cache. Received: {received}"
+            )
 
     # Syntax matrices M (§3.2, §3.3) -------------------------------------------------------
 
@@ -106,17 +114,18 @@ class ScoreExtensionsMixin:
 
         The keys are the cache's positions when a cache is read (with `cache_index`, or
         without `value`), else those of `key`, `value` or `query`."""
+        self._check_cache(cache)
         batch, query_length = static_dim(query.shape[0]), static_dim(query.shape[1])
         rolling = self._is_rolling(cache, cache_index, value)
         if rolling:
             # One new token attends to the slots; a prompt to the slots and its own keys.
-            slots = cache.shape[2]
+            slots = cache[0].shape[2]
             key_length = slots if query_length == 1 else (
                 None if query_length is None else slots + query_length)
             keys = f"the rolling cache of {slots} slots"
         elif cache is not None and (cache_index is not None or value is None):
-            key_length = static_dim(cache.shape[2])
-            keys = f"cache.shape={tuple(cache.shape)} (key_length = cache.shape[2])"
+            key_length = static_dim(cache[0].shape[2])
+            keys = f"cache keys of shape {tuple(cache[0].shape)} (key_length = keys.shape[2])"
         else:
             name, source = next(
                 (n, t) for n, t in (("key", key), ("value", value), ("query", query))

@@ -78,7 +78,7 @@ def test_cached_decoding_equals_full_causal_pass(rng):
     x, m = random_normal(rng, (B, T, D)), _multiplier(rng)
     full = checks.to_numpy(layer(x, use_causal_mask=True, attention_multiplier=m))
     cache = layer.init_cache(B, T)
-    assert tuple(cache.shape) == (B, 4, T, 1, D // H)
+    assert [tuple(p.shape) for c in cache for p in c] == [(B, 1, T, D // H)] * 4
     steps, _ = checks.decode_stepwise(
         layer, x, cache, step_arguments=lambda start, stop: {
             "attention_multiplier": m[:, start:stop]})

@@ -159,10 +159,10 @@ def test_rolling_cache_decoding_equals_full_causal_pass(rng, name):
     np.testing.assert_allclose(checks.to_numpy(dense(x, use_causal_mask=True)), expected,
                                atol=1e-5)
     slots = layer.pattern.cache_slots
-    assert tuple(dense.init_cache(B, T).shape) == (B, 2, T, 2, 4)
+    assert tuple(dense.init_cache(B, T)[0].shape) == (B, 2, T, 4)
     prompt = 6  # a prompt longer than the cache, then one token at a time
     cache = layer.init_cache(B, T)
-    assert tuple(cache.shape) == (B, 2, slots, 2, 4)
+    assert tuple(cache[0].shape) == (B, 2, slots, 4)
     out, cache = layer(x[:, :prompt], use_causal_mask=True, cache=cache, cache_index=0)
     outputs = [checks.to_numpy(out)]
     # Repeating the latest position (as the generation loop does) changes nothing.
@@ -172,12 +172,12 @@ def test_rolling_cache_decoding_equals_full_causal_pass(rng, name):
     for index in range(prompt, T):
         out, cache = layer(x[:, index : index + 1], use_causal_mask=True, cache=cache,
                            cache_index=index)
-        assert tuple(cache.shape) == (B, 2, slots, 2, 4)
+        assert tuple(cache[0].shape) == (B, 2, slots, 4)
         outputs.append(checks.to_numpy(out))
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=1e-5,
                                rtol=1e-5)
     # A short generation gets a plain cache of its length.
-    assert tuple(layer.init_cache(B, 2).shape) == (B, 2, 2, 2, 4)
+    assert tuple(layer.init_cache(B, 2)[0].shape) == (B, 2, 2, 4)
 
 
 def test_rolling_cache_refuses_key_masks(rng):
@@ -203,7 +203,7 @@ def test_generate_with_a_rolling_cache_equals_uncached_generate():
     keras.utils.set_random_seed(3)
     model = randomize_embeddings(_local_lm(), seed=3)
     caches = model.init_cache(3, 10)
-    assert tuple(caches[0].shape) == (3, 2, 3, 2, 8)  # window_left + 1 slots
+    assert tuple(caches[0][0].shape) == (3, 2, 3, 8)  # window_left + 1 slots
     prompts = [[3, 4, 5], [6, 7], [9, 10, 11, 12, 13]]
     cached = model.generate(prompts, max_length=10)
     assert cached == model.generate(prompts, max_length=10, use_cache=False)

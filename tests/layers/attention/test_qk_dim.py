@@ -47,7 +47,8 @@ def test_cached_decoding_with_rotary_equals_full_causal_pass(rng, qk_dim, kv_hea
     x = random_normal(rng, (B, T, D))
     checks.check_cached_decoding(layer, x, prefill=2)
     # One tensor for keys and values, zero-padded to the wider of d′ and head_dim.
-    assert tuple(layer.init_cache(B, T).shape) == (B, 2, T, kv_heads, max(qk_dim, D // H))
+    keys, values = layer.init_cache(B, T)
+    assert (tuple(keys.shape), tuple(values.shape)) == ((B, kv_heads, T, qk_dim), (B, kv_heads, T, D // H))
 
 
 def test_cross_attention_cache(rng):

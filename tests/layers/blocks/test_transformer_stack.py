@@ -198,9 +198,9 @@ def test_cache_has_one_entry_per_layer(rng, cross):
     head_dim = WIDTH // HEADS
     for entry in new_cache:
         self_cache = entry[0] if cross else entry
-        assert tuple(self_cache.shape) == (BATCH, 2, LENGTH, HEADS, head_dim)
+        assert tuple(tuple(p.shape) for p in self_cache) == ((BATCH, HEADS, LENGTH, head_dim),) * 2
         if cross:
-            assert tuple(entry[1].shape) == (BATCH, 2, ENC_LENGTH, HEADS, head_dim)
+            assert tuple(tuple(p.shape) for p in entry[1]) == ((BATCH, HEADS, ENC_LENGTH, head_dim),) * 2
     with pytest.raises(ValueError, match=f"one entry per layer \\({LAYERS}\\)"):
         stack(x[:, :1], cache=cache[:-1], cache_index=0, **kwargs)
 

@@ -286,7 +286,7 @@ def test_tuple_output_is_passed_through(rng):
     full = to_numpy(layer(x))
     cache = mha.init_cache(2, x.shape[1])
     outputs, new_cache = layer(x, cache=cache, cache_index=0)
-    assert tuple(new_cache.shape) == tuple(cache.shape)
+    assert [tuple(p.shape) for p in new_cache] == [tuple(p.shape) for p in cache]
     np.testing.assert_allclose(to_numpy(outputs), full, atol=1e-5)
     assert np.abs(to_numpy(new_cache)).sum() > 0
 
