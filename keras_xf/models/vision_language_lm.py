@@ -325,7 +325,7 @@ class VisionLanguageLM(GenerativeTask):
         if token_ids is not None:
             text = self._embed_text(token_ids, start_index=cache_index)
             sequence = ops.concatenate([image_states, text], axis=1)
-        key_length = ops.shape(cache[0])[2]  # [B, 2, S, Hkv, Dh] per layer
+        key_length = ops.shape(cache[0][0])[2]  # the first layer's keys [B, Hkv, S, d]
         hidden, cache = self.decoder(
             sequence, attention_mask=self.prefix_mask(sequence, key_length=key_length),
             use_causal_mask=False, cache=cache, cache_index=0,
