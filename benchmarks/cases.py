@@ -20,10 +20,10 @@ def _training_data(steps):
     return x, ids[:, 1:]
 
 
-def _fit_throughput(model):
+def _fit_throughput(model, chunked_loss=False):
     """Tokens/s of `model.fit` over `TRAIN_STEPS` steps, after a warm-up fit that compiles."""
     x, y = _training_data(c.TRAIN_STEPS)
-    models.compile_for_training(model)
+    models.compile_for_training(model, chunked_loss)
     rss_before = measure.peak_rss_mb()
 
     def fit():
@@ -65,6 +65,35 @@ def train_interleaved():
         "hub_tokens_per_s": tokens / seconds["hub"],
         # keras_xf over keras-hub in each round: the spread shows how steady the ratio is
         "round_ratios": [h / x for x, h in zip(seconds["xf_all"], seconds["hub_all"])],
+    }
+
+
+def train_xf_chunked():
+    """`train_xf` with `ChunkedCrossEntropy`: its peak memory against `train_xf`'s."""
+    keras.utils.set_random_seed(c.SEED)
+    return _fit_throughput(models.xf_causal_lm(), chunked_loss=True)
+
+
+def train_chunked_interleaved():
+    """Training tokens/s of the same `CausalLM` with the plain loss on its logits and with
+    `ChunkedCrossEntropy`, from the same weights, their timed fits alternating in one
+    process (as `train_interleaved`)."""
+    x, y = _training_data(c.TRAIN_STEPS)
+    keras.utils.set_random_seed(c.SEED)
+    weights = models.xf_causal_lm().get_weights()
+    fits = {}
+    for name, chunked in (("plain", False), ("chunked", True)):
+        model = models.compile_for_training(models.xf_causal_lm(), chunked)
+        model.set_weights(weights)
+        fits[name] = (lambda m=model: m.fit(x, y, batch_size=c.BATCH, epochs=1, shuffle=False,
+                                             verbose=0).history)
+        measure.sync(fits[name]())
+    seconds = measure.interleaved_seconds(fits, repeats=c.INTERLEAVED_REPEATS)
+    tokens = c.TRAIN_STEPS * c.BATCH * c.SEQUENCE
+    return {
+        "plain_tokens_per_s": tokens / seconds["plain"],
+        "chunked_tokens_per_s": tokens / seconds["chunked"],
+        "round_ratios": [p / q for q, p in zip(seconds["chunked_all"], seconds["plain_all"])],
     }
 
 
@@ -218,6 +247,8 @@ CASES = {
     "train_xf": train_xf,
     "train_hub": train_hub,
     "train_interleaved": train_interleaved,
+    "train_xf_chunked": train_xf_chunked,
+    "train_chunked_interleaved": train_chunked_interleaved,
     "train_xf_bf16": train_xf_bf16,
     "generate_xf": generate_xf,
     "generate_hub": generate_hub,

@@ -67,6 +67,19 @@ def rows(results, backend):
         pair = results["train_interleaved"]
         add("training tokens/s, both in one process, alternating", pair["xf_tokens_per_s"],
             pair["hub_tokens_per_s"], "training")
+    if "train_xf_chunked" in results and "train_xf" in results:
+        chunked, plain = results["train_xf_chunked"], results["train_xf"]
+        table.append(("training tokens/s, ChunkedCrossEntropy vs plain loss",
+                      chunked["tokens_per_s"], plain["tokens_per_s"],
+                      chunked["tokens_per_s"] / plain["tokens_per_s"], None))
+        table.append(("peak training memory MB, plain loss / ChunkedCrossEntropy",
+                      chunked["peak_rss_mb"], plain["peak_rss_mb"],
+                      plain["peak_rss_mb"] / chunked["peak_rss_mb"], None))
+    if "train_chunked_interleaved" in results:
+        pair = results["train_chunked_interleaved"]
+        table.append(("training tokens/s, ChunkedCrossEntropy vs plain, alternating",
+                      pair["chunked_tokens_per_s"], pair["plain_tokens_per_s"],
+                      pair["chunked_tokens_per_s"] / pair["plain_tokens_per_s"], None))
     if "train_xf_bf16" in results and "train_xf" in results:
         table.append(("training tokens/s, mixed_bfloat16 vs float32",
                       results["train_xf_bf16"]["tokens_per_s"],
@@ -96,6 +109,10 @@ def format_table(table, backend, results):
     if "train_interleaved" in results:
         spread = results["train_interleaved"]["round_ratios"]
         lines.append(f"interleaved training ratio per round: min {min(spread):.2f}, "
+                     f"max {max(spread):.2f} over {len(spread)} rounds")
+    if "train_chunked_interleaved" in results:
+        spread = results["train_chunked_interleaved"]["round_ratios"]
+        lines.append(f"chunked over plain loss, training ratio per round: min {min(spread):.2f}, "
                      f"max {max(spread):.2f} over {len(spread)} rounds")
     if "bf16_curves" in results:
         curves = results["bf16_curves"]
