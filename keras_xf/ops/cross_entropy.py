@@ -60,22 +60,22 @@ def chunked_cross_entropy(hidden, table, labels, weights, chunk_size=1024, label
     labels = check_token_mask(ops.convert_to_tensor(labels), hidden, "labels", "hidden")
     weights = check_token_mask(ops.convert_to_tensor(weights), hidden, "weights", "hidden")
 
-    tokens = static_dim(_count(hidden.shape[:-1]))
-    if tokens is None:
+    tokens = _count(hidden.shape[:-1])
+    if tokens is None:  # a free batch size in a TensorFlow trace
         tokens = ops.prod(ops.convert_to_tensor(ops.shape(labels), "int32"))
     # Rows of weight 0 pad the tokens to whole chunks: the chunk count follows the shape.
     padding = (-tokens) % chunk_size
-    hidden, labels, weights = (
-        _chunks(t, padding, chunk_size)
-        for t in (ops.reshape(hidden, (-1, hidden.shape[-1])), ops.reshape(ops.cast(labels, "int32"), (-1,)),
-                  ops.reshape(ops.cast(weights, "float32"), (-1,)))
-    )
+    flat = (ops.reshape(hidden, (-1, hidden.shape[-1])),
+            ops.reshape(ops.cast(labels, "int32"), (-1,)),
+            ops.reshape(ops.cast(weights, "float32"), (-1,)))
+    hidden, labels, weights = (_chunks(t, padding, chunk_size) for t in flat)
     if not with_gradient:
         return _loss_only(hidden, table, labels, weights, epsilon)
     return _with_gradient(hidden, table, labels, weights, epsilon)
 
 
 def _count(dims):
+    """The product of `dims`, or `None` if one is unknown."""
     count = 1
     for dim in dims:
         if static_dim(dim) is None:
