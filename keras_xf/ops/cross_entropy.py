@@ -29,7 +29,7 @@ def chunked_cross_entropy(hidden, table, labels, weights, chunk_size=1024, label
     the same pass also forms the gradient of `L`:
 
         ∂L/∂Z_c = w_c ⊙ (softmax(Z_c) − (1−ε) onehot(y_c) − ε/V),
-        ∂L/∂H_c = (∂L/∂Z_c) E,    ∂L/∂E = Σ_c (∂L/∂Z_c)ᵀ H_c  (accumulated in float32),
+        ∂L/∂H_c = (∂L/∂Z_c) E,    ∂L/∂E = (Σ_c H_cᵀ (∂L/∂Z_c))ᵀ  (accumulated in float32),
 
     kept for the backward pass, which scales them by the upstream gradient (a custom
     gradient, `keras.ops.custom_gradient`). So the loss and its gradient take the three
@@ -127,14 +127,17 @@ def _with_gradient(hidden, table, labels, weights, epsilon):
                 logit_gradient = logit_gradient - epsilon / vocabulary
             # In the table's dtype, as the plain output layer's matmuls take their gradient.
             logit_gradient = ops.cast(logit_gradient * w[:, None], table.dtype)
+            # hᵀ·g into a [d, V] sum, transposed once at the end: gᵀ·h would make XLA copy
+            # the [C, V] block transposed.
             table_gradient = table_gradient + ops.cast(
-                ops.matmul(ops.transpose(logit_gradient), h), "float32")
+                ops.matmul(ops.transpose(h), logit_gradient), "float32")
             hidden_gradient = ops.cast(ops.matmul(logit_gradient, table), h.dtype)
             return (total + ops.sum(losses * w), table_gradient), hidden_gradient
 
-        init = (ops.zeros((), "float32"), ops.zeros(tuple(table.shape), "float32"))
+        init = (ops.zeros((), "float32"), ops.zeros(tuple(table.shape)[::-1], "float32"))
         (total, table_gradient), hidden_gradient = time_loop(
             step, init, (hidden, labels, weights), output_index=0)
+        table_gradient = ops.transpose(table_gradient)
 
         def gradient(*args, upstream=None):
             # PyTorch passes the inputs and `upstream=`; TensorFlow and JAX the upstream alone.
