@@ -22,10 +22,10 @@ def _training_data(steps):
     return x, ids[:, 1:]
 
 
-def _fit_throughput(model):
+def _fit_throughput(model, chunked_loss=False):
     """Tokens/s of `model.fit` over `TRAIN_STEPS` steps, after a warm-up fit that compiles."""
     x, y = _training_data(c.TRAIN_STEPS)
-    models.compile_for_training(model)
+    models.compile_for_training(model, chunked_loss)
     rss_before = measure.peak_rss_mb()
 
     def fit():
@@ -55,7 +55,10 @@ def train_interleaved():
     Memory is measured by the separate `train_xf` / `train_hub` cases."""
     x, y = _training_data(c.TRAIN_STEPS)
     keras.utils.set_random_seed(c.SEED)
+    # keras_xf twice: with the loss on its logits (the like-for-like pair) and with
+    # `ChunkedCrossEntropy` (its own way to train a CausalLM without the [tokens, V] logits).
     contenders = {"xf": models.compile_for_training(models.xf_causal_lm()),
+                  "xf_chunked": models.compile_for_training(models.xf_causal_lm(), True),
                   "hub": models.compile_for_training(models.hub_causal_lm())}
     fits = {name: (lambda m=model: m.fit(x, y, batch_size=c.BATCH, epochs=1, shuffle=False,
                                           verbose=0).history)
@@ -66,16 +69,46 @@ def train_interleaved():
     probes = [measure.peak_matmul_flops(c.MATMUL_SIZE)]
     seconds = measure.interleaved_seconds(fits, repeats=c.ROUNDS)
     probes.append(measure.peak_matmul_flops(c.MATMUL_SIZE))
-    pair = report.pair_summary(seconds["xf_all"], seconds["hub_all"],
-                               c.TRAIN_STEPS * c.BATCH * c.SEQUENCE)
+    tokens = c.TRAIN_STEPS * c.BATCH * c.SEQUENCE
+    pair = report.pair_summary(seconds["xf_all"], seconds["hub_all"], tokens)
+    chunked = report.pair_summary(seconds["xf_chunked_all"], seconds["hub_all"], tokens)
     flops = models.training_flops_per_token()
     return {
-        "pairs": {"training": pair},
+        "pairs": {"training": pair, "training_chunked_loss": chunked},
         "flops_per_token": flops,
         "matmul_probes_flops_per_s": probes,
         "peak_matmul_flops_per_s": max(probes),
         "mfu": {side: report.model_flop_utilisation(pair[f"{side}_per_s"], flops, max(probes))
                 for side in ("xf", "hub")},
+    }
+
+
+def train_xf_chunked():
+    """`train_xf` with `ChunkedCrossEntropy`: its peak memory against `train_xf`'s."""
+    keras.utils.set_random_seed(c.SEED)
+    return _fit_throughput(models.xf_causal_lm(), chunked_loss=True)
+
+
+def train_chunked_interleaved():
+    """Training tokens/s of the same `CausalLM` with the plain loss on its logits and with
+    `ChunkedCrossEntropy`, from the same weights, their timed fits alternating in one
+    process (as `train_interleaved`)."""
+    x, y = _training_data(c.TRAIN_STEPS)
+    keras.utils.set_random_seed(c.SEED)
+    weights = models.xf_causal_lm().get_weights()
+    fits = {}
+    for name, chunked in (("plain", False), ("chunked", True)):
+        model = models.compile_for_training(models.xf_causal_lm(), chunked)
+        model.set_weights(weights)
+        fits[name] = (lambda m=model: m.fit(x, y, batch_size=c.BATCH, epochs=1, shuffle=False,
+                                             verbose=0).history)
+        measure.sync(fits[name]())
+    seconds = measure.interleaved_seconds(fits, repeats=c.ROUNDS)
+    tokens = c.TRAIN_STEPS * c.BATCH * c.SEQUENCE
+    return {
+        "plain_tokens_per_s": tokens / seconds["plain"],
+        "chunked_tokens_per_s": tokens / seconds["chunked"],
+        "round_ratios": [p / q for q, p in zip(seconds["chunked_all"], seconds["plain_all"])],
     }
 
 
@@ -274,6 +307,8 @@ CASES = {
     "train_interleaved": train_interleaved,
     "generate_interleaved": generate_interleaved,
     "encode_interleaved": encode_interleaved,
+    "train_xf_chunked": train_xf_chunked,
+    "train_chunked_interleaved": train_chunked_interleaved,
     "train_xf_bf16": train_xf_bf16,
     "generate_xf": generate_xf,
     "generate_hub": generate_hub,

@@ -38,6 +38,10 @@ TORCH_BF16_STEPS = 2  # eager PyTorch bf16 on a CPU without AVX512-BF16 takes se
 CURVE_STEPS = 200
 CURVE_SEQUENCE = 64
 
+# `ChunkedCrossEntropy`: tokens per chunk of the loss over the tied output (a [1024, 8192]
+# float32 block, 32 MB, in place of the batch's [2048, 8192]).
+LOSS_CHUNK = 1024
+
 SEED = 0
 
 # `--quick`: the same cases, small enough to smoke-test the harness in minutes (not a measurement).

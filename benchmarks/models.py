@@ -79,10 +79,17 @@ def hub_text_encoder():
     )
 
 
-def compile_for_training(model):
+def compile_for_training(model, chunked_loss=False):
+    """AdamW and sparse cross-entropy on the logits; with `chunked_loss`, keras_xf's
+    `ChunkedCrossEntropy` (the same value, without the `[tokens, V]` logits)."""
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if chunked_loss:
+        from keras_xf.training import ChunkedCrossEntropy
+
+        loss = ChunkedCrossEntropy(chunk_size=c.LOSS_CHUNK)
     model.compile(
         optimizer=keras.optimizers.AdamW(c.LEARNING_RATE, weight_decay=0.01),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=loss,
         weighted_metrics=None,
     )
     return model

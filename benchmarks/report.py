@@ -75,6 +75,8 @@ def model_flop_utilisation(units_per_s, flops_per_unit, peak_flops_per_s):
 # (case, pair) -> (measure as printed, the target's kind)
 PAIRS = {
     ("train_interleaved", "training"): ("training tokens/s", "training"),
+    ("train_interleaved", "training_chunked_loss"): (
+        "training tokens/s, keras_xf with ChunkedCrossEntropy", "training"),
     ("generate_interleaved", "batch_1"): ("greedy generation tokens/s, batch 1", "generation"),
     ("generate_interleaved", "batch_8"): ("greedy generation tokens/s, batch 8", "generation"),
     ("encode_interleaved", "encoder"): ("encoder sequences/s", "encoder"),

@@ -24,6 +24,36 @@ def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
+def value_and_gradients(function, inputs, jit_compile=True):
+    """`function(*inputs)` (a scalar) and its gradients with respect to every input: under
+    `jax.jit` on JAX, in a `tf.function` (XLA or not) on TensorFlow, eager on PyTorch."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        step = jax.value_and_grad(function, argnums=tuple(range(len(inputs))))
+        value, grads = (jax.jit(step) if jit_compile else step)(*inputs)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function(jit_compile=jit_compile)
+        def step(*tensors):
+            with tf.GradientTape() as tape:
+                tape.watch(tensors)
+                value = function(*tensors)
+            return value, tape.gradient(value, tensors)
+
+        value, grads = step(*[tf.constant(x) for x in inputs])
+    else:
+        import torch
+
+        tensors = [torch.tensor(x, requires_grad=True) for x in inputs]
+        value = function(*tensors)
+        value.backward()
+        grads = [t.grad for t in tensors]
+    return to_numpy(value), [to_numpy(g) for g in grads]
+
+
 def wrap_in_model(layer, inputs, call_kwargs=None):
     """A functional model `inputs -> layer(*inputs, **call_kwargs)`.
 

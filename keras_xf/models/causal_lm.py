@@ -16,7 +16,8 @@ class CausalLM(GenerativeTask):
 
     The output projection is the token embedding reversed (tied, survey §5.4) unless the
     backbone is built with `tie_embeddings=False`. Logits are float32. `generate`,
-    `compile` and the decoding loop come from `GenerativeTask`.
+    `compile` and the decoding loop come from `GenerativeTask`; compiled with
+    `loss=ChunkedCrossEntropy(...)` it trains without forming the `[B, T, V]` logits.
 
     Args:
         backbone: a causal `TransformerBackbone`; or leave it out and pass the backbone's
@@ -115,6 +116,9 @@ class CausalLM(GenerativeTask):
     def _decode_token(self, token_ids, cache, cache_index):
         logits, hidden, cache = self.call_with_cache(token_ids, cache, cache_index)
         return logits[:, 0], hidden[:, 0], cache
+
+    def _training_hidden(self, inputs, training):
+        return self.backbone(inputs, training=training)
 
     def _uncached_hidden(self, token_ids, context):
         return self.backbone({"token_ids": token_ids, "padding_mask": ops.ones_like(token_ids)},

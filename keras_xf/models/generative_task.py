@@ -1,6 +1,8 @@
 """The base of the generating tasks: `generate` written once (survey §2.7, §6)."""
 
+import contextlib
 import functools
+import threading
 
 import keras
 import numpy as np
@@ -18,6 +20,12 @@ from keras_xf.generation.sampling import get_sampler
 from keras_xf.generation.sampling import stops_on_tensor
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.models.backbone import FunctionalModel
+from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
+
+# The ids of the models whose training or evaluation step is running in this thread with a
+# `ChunkedCrossEntropy`: their forward pass stops at the hidden states. Per thread, since
+# TensorFlow's distribution strategies trace one replica per thread.
+_LOSS_PASS = threading.local()
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -52,7 +60,10 @@ class GenerativeTask(FunctionalModel):
       `(logits [B, V], hidden [B, d], cache)`;
     - `_uncached_hidden(token_ids, context)`: the full pass, `[B, L, d]`;
     - `_output_embeddings`: the token embedding whose reverse gives the logits;
-    - `_generation_stack`: the decoder `TransformerStack` that the cache belongs to.
+    - `_generation_stack`: the decoder `TransformerStack` that the cache belongs to;
+    - `_training_hidden(inputs, training)` (optional): the hidden states `[B, T, d]` whose
+      logits are `_logits(hidden)`, the output embedding reversed and nothing more. A task
+      that has it can train with `ChunkedCrossEntropy`.
 
     Args:
         *args, **kwargs: the functional `keras.Model` arguments of the subclass.
@@ -75,15 +86,91 @@ class GenerativeTask(FunctionalModel):
         """Keras `compile` with defaults: AdamW, sparse cross-entropy on logits, accuracy.
 
         `sampler` (a keras-hub sampler or its name) is the default of `generate`.
+
+        `loss=ChunkedCrossEntropy(...)` (or `"chunked_cross_entropy"`) trains and evaluates
+        without the `[B, T, V]` logits: the forward pass of `fit` and `evaluate` stops at
+        the hidden states and the loss forms the logits chunk by chunk (see
+        `ChunkedCrossEntropy`); `predict`, `generate` and calls still give logits. Metrics
+        on the logits cannot be computed then: `weighted_metrics="auto"` becomes none, and
+        other metrics or `loss_weights` raise a `ValueError`.
         """
         if optimizer == "auto":
             optimizer = keras.optimizers.AdamW(1e-3, weight_decay=0.01)
+        if isinstance(loss, str) and loss == "chunked_cross_entropy":
+            loss = ChunkedCrossEntropy()
+        if isinstance(loss, ChunkedCrossEntropy):
+            weighted_metrics = self._check_chunked_loss(weighted_metrics, **kwargs)
         if loss == "auto":
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         if weighted_metrics == "auto":
             weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
         self._set_sampler(sampler)
         super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
+
+    def _check_chunked_loss(self, weighted_metrics, metrics=None, loss_weights=None, **kwargs):
+        """`weighted_metrics` for a `ChunkedCrossEntropy` (`"auto"`: none), or a ValueError."""
+        if not hasattr(self, "_training_hidden"):
+            raise ValueError(
+                "loss=ChunkedCrossEntropy needs a task whose logits are its output embedding "
+                "reversed (CausalLM). Received: loss=ChunkedCrossEntropy for "
+                f"{type(self).__name__}"
+            )
+        if isinstance(weighted_metrics, str) and weighted_metrics == "auto":
+            weighted_metrics = None
+        for name, value in (("metrics", metrics), ("weighted_metrics", weighted_metrics),
+                            ("loss_weights", loss_weights)):
+            if value is not None and not (isinstance(value, (list, tuple, dict)) and not value):
+                raise ValueError(
+                    f"{name} cannot be used with loss=ChunkedCrossEntropy: training never forms "
+                    "the logits that metrics read. Leave it out (fit reports the loss), or "
+                    "compile with a plain loss to compute metrics. Received: "
+                    f"{name}={value!r}"
+                )
+        return weighted_metrics
+
+    # Training without the logits (`ChunkedCrossEntropy`) ----------------------------------
+    @contextlib.contextmanager
+    def _loss_pass(self):
+        """Within this context (a `fit` or `evaluate` step) a model compiled with a
+        `ChunkedCrossEntropy` returns hidden states from `call` and computes its loss from
+        them. `train_step` and `test_step` enter it, so `predict` and plain calls are not
+        affected; it is a Python flag read while the step is traced or run."""
+        if not isinstance(getattr(self, "loss", None), ChunkedCrossEntropy):
+            yield
+            return
+        active = getattr(_LOSS_PASS, "models", frozenset())
+        _LOSS_PASS.models = active | {id(self)}
+        try:
+            yield
+        finally:
+            _LOSS_PASS.models = active
+
+    def _in_loss_pass(self):
+        return id(self) in getattr(_LOSS_PASS, "models", ())
+
+    def train_step(self, *args, **kwargs):
+        with self._loss_pass():
+            return super().train_step(*args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        with self._loss_pass():
+            return super().test_step(*args, **kwargs)
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        if self._in_loss_pass():
+            return self._training_hidden(inputs, training)
+        return super().call(inputs, training=training, mask=mask, **kwargs)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Keras' `compute_loss`; in a `ChunkedCrossEntropy` step `y_pred` holds the hidden
+        states, and the loss (its gradient formed with it when `training`) comes from them
+        and the output embedding, plus the model's added losses as Keras adds them."""
+        if not self._in_loss_pass():
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        losses = [self.loss.from_hidden(y, y_pred, self._output_table(), sample_weight,
+                                        with_gradient=bool(training))]
+        losses.extend(self._aggregate_additional_loss(loss) for loss in self.losses)
+        return losses[0] if len(losses) == 1 else ops.sum(ops.stack(losses))
 
     def _set_sampler(self, sampler):
         # A known name is resolved when first used: importing keras-hub takes seconds and
@@ -281,6 +368,15 @@ class GenerativeTask(FunctionalModel):
     def _logits(self, hidden):
         """float32 logits `[B, T, V]` of hidden states `[B, T, d]`."""
         return ops.cast(self._output_embeddings(hidden, reverse=True), "float32")
+
+    def _output_table(self):
+        """The output embedding as a `[V, d]` table `E` in the compute dtype, so that
+        `_logits(h) = float32(h · Eᵀ)`: the token embedding, or the separate output matrix
+        transposed when the weights are not tied."""
+        embedding = self._output_embeddings.token_embedding
+        if embedding.tie_weights:
+            return ops.cast(embedding.embeddings, embedding.compute_dtype)
+        return ops.transpose(ops.cast(embedding.reverse_embeddings, embedding.compute_dtype))
 
     def _has_recurrent_cache(self):
         """Whether a decoder layer keeps a recurrent state (`cache_is_recurrent = True`)

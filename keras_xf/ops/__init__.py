@@ -7,6 +7,7 @@ from keras_xf.ops.attention import masked_softmax
 from keras_xf.ops.attention import repeat_kv_heads
 from keras_xf.ops.attention import scaled_dot_product_attention
 from keras_xf.ops.block_sparse_attention import block_sparse_attention
+from keras_xf.ops.cross_entropy import chunked_cross_entropy
 from keras_xf.ops.masks import causal_mask
 from keras_xf.ops.masks import expand_attention_mask
 from keras_xf.ops.masks import key_padding_to_attention_mask

@@ -110,7 +110,8 @@ def time_loop(step, init, xs, output_index=1):
     (`_tensor_array_loop`). On PyTorch it is a Python loop over `ops.unstack`
     slices: the slices `x[i]` of Keras's PyTorch `scan` each send back a gradient the size of
     the whole `x`, so its backward pass was quadratic in the number of steps. JAX uses
-    `keras.ops.scan` (`lax.scan`).
+    `keras.ops.scan` (`lax.scan`). A leading axis unknown at trace time (a TensorFlow graph
+    traced with a free batch size) is read from the tensor's shape when the loop runs.
     """
     name = _backend()
     if name == "torch":
@@ -121,7 +122,7 @@ def time_loop(step, init, xs, output_index=1):
         return carry, ops.stack(ys, axis=0)
     if name != "tensorflow":
         return ops.scan(step, init, xs)
-    length = xs[0].shape[0]
+    length = _leading_length(xs[0])
     if not _in_xla_context():
         return _tensor_array_loop(step, init, xs, output_index)
 
@@ -136,6 +137,12 @@ def time_loop(step, init, xs, output_index=1):
         maximum_iterations=length,
     )
     return carry, ys
+
+
+def _leading_length(x):
+    """The length of `x`'s first axis: an int, or a scalar tensor where it is unknown."""
+    length = x.shape[0]
+    return length if isinstance(length, int) else ops.shape(x)[0]
 
 
 def _in_xla_context():
@@ -162,7 +169,7 @@ def _tensor_array_loop(step, init, xs, output_index):
     of steps; a `TensorArray` reads, writes and sends back one step at a time."""
     import tensorflow as tf
 
-    length = xs[0].shape[0]
+    length = _leading_length(xs[0])
     inputs = [
         tf.TensorArray(x.dtype, size=length, element_shape=x.shape[1:]).unstack(x) for x in xs
     ]

@@ -1,6 +1,7 @@
 """Training utilities: schedules, losses, batching helpers and model growth."""
 
 from keras_xf.training.batching import language_model_examples
+from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
 from keras_xf.training.batching import pack_sequences
 from keras_xf.training.batching import seq2seq_examples
 from keras_xf.training.noam_schedule import NoamSchedule

@@ -165,36 +165,6 @@ def test_bad_arguments_raise():
         linear_recurrence(np.ones((4, 2), "float32"), a)
 
 
-def _value_and_gradients(function, inputs, jit_compile=True):
-    """`function(*inputs)` (a scalar) and its gradients with respect to every input: under
-    `jax.jit` on JAX, in a `tf.function` (XLA or not) on TensorFlow, eager on PyTorch."""
-    backend = keras.config.backend()
-    if backend == "jax":
-        import jax
-
-        step = jax.value_and_grad(function, argnums=tuple(range(len(inputs))))
-        value, grads = (jax.jit(step) if jit_compile else step)(*inputs)
-    elif backend == "tensorflow":
-        import tensorflow as tf
-
-        @tf.function(jit_compile=jit_compile)
-        def step(*tensors):
-            with tf.GradientTape() as tape:
-                tape.watch(tensors)
-                value = function(*tensors)
-            return value, tape.gradient(value, tensors)
-
-        value, grads = step(*[tf.constant(x) for x in inputs])
-    else:
-        import torch
-
-        tensors = [torch.tensor(x, requires_grad=True) for x in inputs]
-        value = function(*tensors)
-        value.backward()
-        grads = [t.grad for t in tensors]
-    return checks.to_numpy(value), [checks.to_numpy(g) for g in grads]
-
-
 @pytest.mark.parametrize("jit_compile", [True, False])
 def test_time_loop_gradients_equal_the_associative_scans(rng, jit_compile):
     """The time loop behind the sequential scan and `scan_chunks` writes its outputs with a
@@ -210,8 +180,8 @@ def test_time_loop_gradients_equal_the_associative_scans(rng, jit_compile):
 
         return function
 
-    value, grads = _value_and_gradients(loss("sequential"), [a, b, z0], jit_compile)
-    expected_value, expected_grads = _value_and_gradients(loss("associative"), [a, b, z0])
+    value, grads = checks.value_and_gradients(loss("sequential"), [a, b, z0], jit_compile)
+    expected_value, expected_grads = checks.value_and_gradients(loss("associative"), [a, b, z0])
     np.testing.assert_allclose(
         value, np.sum(reference.linear_recurrence(a, b, z0) * weights), rtol=1e-5)
     np.testing.assert_allclose(value, expected_value, rtol=1e-5)
@@ -240,8 +210,8 @@ def test_scan_chunks_gradients_equal_a_cumulative_sum(rng, jit_compile):
         y = keras.ops.cumsum(x, axis=1)
         return keras.ops.sum(y * y * keras.ops.convert_to_tensor(weights))
 
-    value, (grad,) = _value_and_gradients(chunked, [x], jit_compile)
-    expected_value, (expected,) = _value_and_gradients(direct, [x])
+    value, (grad,) = checks.value_and_gradients(chunked, [x], jit_compile)
+    expected_value, (expected,) = checks.value_and_gradients(direct, [x])
     np.testing.assert_allclose(value, expected_value, rtol=1e-5)
     np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
 
