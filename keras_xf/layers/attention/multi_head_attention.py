@@ -217,9 +217,12 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
     def _fuses_qkv(self):
         """Whether self-attention projects `q, k, v` with one matmul (`project_fused`): the
         plain `_project` (a subclass that transforms the projected keys or values keeps three
-        calls), and kernels that `fusable` accepts (not quantised, no LoRA, one dtype)."""
+        calls), kernels that `fusable` accepts (not quantised, no LoRA, one dtype), and no
+        `ModelParallel` distribution (the kernels are sharded by heads there, and joining them
+        along the sharded axis would gather them across devices)."""
         return (
             type(self)._project is MultiHeadAttention._project
+            and not isinstance(keras.distribution.distribution(), keras.distribution.ModelParallel)
             and fusable([self.query_dense, self.key_dense, self.value_dense])
         )
 

@@ -147,3 +147,21 @@ def test_layouts_that_do_not_fuse(rng):
     lora(x)
     lora.query_dense.enable_lora(2)
     assert not lora._fuses_qkv()
+
+
+@pytest.mark.skipif(keras.config.backend() != "jax", reason="keras.distribution is JAX's")
+def test_model_parallel_keeps_three_projections(rng):
+    """Head-sharded kernels stay three local matmuls (a concatenation would gather them)."""
+    import jax
+
+    layer = MultiHeadAttention(H)
+    layer(random_normal(rng, (B, T, D)))
+    mesh = keras.distribution.DeviceMesh((1, len(jax.devices())), ("batch", "model"))
+    layout = keras.distribution.LayoutMap(mesh)
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout))
+    try:
+        assert not layer._fuses_qkv()
+    finally:
+        keras.distribution.set_distribution(previous)
+    assert layer._fuses_qkv()
