@@ -49,3 +49,40 @@ def project(dense, inputs):
     if dense.bias is not None:
         outputs = outputs + dense.bias
     return outputs
+
+
+def fusable(denses):
+    """Whether `project_fused(denses, inputs)` applies: plain kernels (no LoRA, not
+    quantised; those are called as they are), one kernel dtype, and a bias in all or none."""
+    return bool(
+        not any(dense.lora_enabled or dense.quantization_mode for dense in denses)
+        and len({dense.kernel.dtype for dense in denses}) == 1
+        and len({dense.bias is None for dense in denses}) == 1
+    )
+
+
+def project_fused(denses, inputs):
+    """`[project(dense, inputs) for dense in denses]` as ONE matmul for `INTO_HEADS`
+    projections of the same `[B, T, d]` inputs: `x [W_q | W_k | W_v] + [b_q | b_k | b_v]`,
+    split along the output axis (the widths may differ, as in GQA/MQA). The variables stay
+    separate (checkpoint loaders, quantisation, sharding and saved files see the three
+    kernels); the concatenation is a `d × ΣHDh` copy per call against a `BT·d·ΣHDh` product.
+    Call it only where `fusable(denses)`, inside the owning layer's `call`."""
+    shapes = [(dense.kernel.shape[1], dense.kernel.shape[2]) for dense in denses]
+    widths = [heads * dim for heads, dim in shapes]
+    kernel = ops.concatenate(
+        [ops.reshape(dense.kernel, (dense.kernel.shape[0], width))
+         for dense, width in zip(denses, widths)],
+        axis=-1,
+    )
+    outputs = ops.matmul(inputs, kernel)
+    if denses[0].bias is not None:
+        outputs = outputs + ops.concatenate(
+            [ops.reshape(dense.bias, (width,)) for dense, width in zip(denses, widths)]
+        )
+    batch_shape = ops.shape(inputs)[:2]
+    splits = [sum(widths[: index + 1]) for index in range(len(widths) - 1)]
+    return [
+        ops.reshape(part, (batch_shape[0], batch_shape[1], heads, dim))
+        for part, (heads, dim) in zip(ops.split(outputs, splits, axis=-1), shapes)
+    ]

@@ -13,8 +13,10 @@ from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.head_projections import INTO_HEADS
 from keras_xf.layers.head_projections import OUT_OF_HEADS
+from keras_xf.layers.head_projections import fusable
 from keras_xf.layers.head_projections import head_projection
 from keras_xf.layers.head_projections import project
+from keras_xf.layers.head_projections import project_fused
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.ops.attention import attend
 from keras_xf.ops.attention import attention_scores
@@ -214,6 +216,18 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         subclasses override it to transform the projected keys and values."""
         return project(dense, inputs)
 
+    def _fuses_qkv(self):
+        """Whether self-attention projects `q, k, v` with one matmul (`project_fused`): the
+        plain `_project` (a subclass that transforms the projected keys or values keeps three
+        calls), kernels that `fusable` accepts (not quantised, no LoRA, one dtype), and no
+        `ModelParallel` distribution (the kernels are sharded by heads there, and joining them
+        along the sharded axis would gather them across devices)."""
+        return (
+            type(self)._project is MultiHeadAttention._project
+            and not isinstance(keras.distribution.distribution(), keras.distribution.ModelParallel)
+            and fusable([self.query_dense, self.key_dense, self.value_dense])
+        )
+
     def _index_biases(self):
         self._value_term_biases = [b for b in self.biases if b.has_value_term]
         self._weight_mixers = [b for b in self.biases if b.mixes_weights]
@@ -327,15 +341,18 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         offset = 0 if cache_index is None else ops.cast(cache_index, "int32")
         query_positions = ops.arange(query_length, dtype="int32") + offset
 
-        q = self._project(self.query_dense, query)
         reuse_cache = cache is not None and cache_index is None and value is None
         head_major = self._attends_head_major(
             cache, cache_index, value, attention_bias, attention_multiplier, attention_weights,
             return_attention_scores, training,
         )
-        if reuse_cache:
+        if value is None and key is None and not reuse_cache and self._fuses_qkv():
+            q, k, v = project_fused([self.query_dense, self.key_dense, self.value_dense], query)
+        elif reuse_cache:
+            q = self._project(self.query_dense, query)
             k, v = (None, None) if head_major else self._read_cache(cache)
         else:
+            q = self._project(self.query_dense, query)
             value_input = query if value is None else value
             key_input = value_input if key is None else key
             self._check_width("value", value_input, self.value_dense.kernel.shape[0])
