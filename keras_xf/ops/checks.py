@@ -288,3 +288,22 @@ def check_output_length(output_length, inputs, name="output_length", inputs_name
             f"{inputs_name}.shape={_shape(inputs)}. Received: {name}={output_length}"
         )
     return int(output_length)
+
+
+def token_sample_weight(sample_weight, labels_shape):
+    """`sample_weight` of a token loss as float32, with trailing axes added to broadcast
+    against labels of `labels_shape`: `[batch]` (one weight per sequence) or the labels'
+    shape (or a prefix of it); any other shape raises a `ValueError`."""
+    sample_weight = keras.ops.convert_to_tensor(sample_weight)
+    shape, expected = tuple(sample_weight.shape), tuple(labels_shape)
+    if len(shape) > len(expected) or any(
+        None not in (static_dim(s), static_dim(e)) and s != e for s, e in zip(shape, expected)
+    ):
+        raise ValueError(
+            "sample_weight must have shape [batch] or the shape of y_true "
+            f"{expected} (or a prefix of it). Received: sample_weight.shape={shape}"
+        )
+    sample_weight = keras.ops.cast(sample_weight, "float32")
+    while len(sample_weight.shape) < len(expected):
+        sample_weight = sample_weight[..., None]
+    return sample_weight

@@ -8,7 +8,7 @@ from keras.src.losses.loss import scale_loss_for_distribution
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_token_mask
-from keras_xf.ops.checks import static_dim
+from keras_xf.ops.checks import token_sample_weight
 from keras_xf.ops.cross_entropy import chunked_cross_entropy
 
 REDUCTIONS = ("sum_over_batch_size", "mean", "sum", "mean_with_sample_weight")
@@ -102,20 +102,7 @@ class ChunkedCrossEntropy(keras.losses.Loss):
         labels = ops.cast(y_true, "int32")
         weights = ops.ones(ops.shape(labels), "float32")
         if sample_weight is not None:
-            sample_weight = ops.convert_to_tensor(sample_weight)
-            shape, expected = tuple(sample_weight.shape), tuple(labels.shape)
-            if len(shape) > len(expected) or any(
-                None not in (static_dim(s), static_dim(e)) and s != e
-                for s, e in zip(shape, expected)
-            ):
-                raise ValueError(
-                    "sample_weight must have shape [batch] or the shape of y_true "
-                    f"{expected} (or a prefix of it). Received: sample_weight.shape={shape}"
-                )
-            sample_weight = ops.cast(sample_weight, "float32")
-            while len(sample_weight.shape) < len(expected):
-                sample_weight = sample_weight[..., None]
-            weights = weights * sample_weight
+            weights = weights * token_sample_weight(sample_weight, labels.shape)
         count = ops.cast(ops.size(labels), "float32")
         if self.ignore_class is not None:
             valid = ops.not_equal(labels, self.ignore_class)

@@ -5,7 +5,7 @@ from keras import ops
 
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_token_mask
-from keras_xf.ops.checks import static_dim
+from keras_xf.ops.checks import token_sample_weight
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -63,22 +63,10 @@ class SmoothedSparseCrossEntropy(keras.losses.Loss):
         # Labels [B, T] for logits [B, T, V]: one more label axis would broadcast silently.
         check_token_mask(y_true, y_pred, "y_true", "y_pred")
         if sample_weight is not None:
-            sample_weight = ops.convert_to_tensor(sample_weight)
-            shape, labels = tuple(sample_weight.shape), tuple(y_true.shape)
-            if len(shape) > len(labels) or any(
-                None not in (static_dim(w), static_dim(y)) and w != y
-                for w, y in zip(shape, labels)
-            ):
-                raise ValueError(
-                    "sample_weight must have shape [batch] or the shape of y_true "
-                    f"{labels} (or a prefix of it). Received: sample_weight.shape={shape}"
-                )
+            sample_weight = token_sample_weight(sample_weight, y_true.shape)
         losses = self.call(y_true, y_pred)
         weights = self._token_mask(ops.cast(y_true, "int32"))
         if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            while len(sample_weight.shape) < len(weights.shape):
-                sample_weight = sample_weight[..., None]
             weights = weights * sample_weight
         return ops.sum(losses * weights) / ops.maximum(ops.sum(weights), 1.0)
 
