@@ -66,9 +66,9 @@ def train_interleaved():
     for fit in fits.values():
         for _ in range(1 + c.WARMUP):  # the first fit compiles
             measure.sync(fit())
-    probes = [measure.peak_matmul_flops(c.MATMUL_SIZE)]
+    probes = [measure.peak_matmul_flops(c.MATMUL_SIZE, _probe_dtype())]
     seconds = measure.interleaved_seconds(fits, repeats=c.ROUNDS)
-    probes.append(measure.peak_matmul_flops(c.MATMUL_SIZE))
+    probes.append(measure.peak_matmul_flops(c.MATMUL_SIZE, _probe_dtype()))
     tokens = c.TRAIN_STEPS * c.BATCH * c.SEQUENCE
     pair = report.pair_summary(seconds["xf_all"], seconds["hub_all"], tokens)
     chunked = report.pair_summary(seconds["xf_chunked_all"], seconds["hub_all"], tokens)
@@ -78,6 +78,7 @@ def train_interleaved():
         "flops_per_token": flops,
         "matmul_probes_flops_per_s": probes,
         "peak_matmul_flops_per_s": max(probes),
+        "matmul_probe_dtype": _probe_dtype(),
         "mfu": {side: report.model_flop_utilisation(pair[f"{side}_per_s"], flops, max(probes))
                 for side in ("xf", "hub")},
     }
@@ -225,8 +226,13 @@ def encode_interleaved():
                                                      sequences)}}
 
 
+def _probe_dtype():
+    """The matmul probe's dtype: the compute dtype of the policy the models run under."""
+    return keras.config.dtype_policy().compute_dtype
+
+
 def peak_matmul():
-    return {"flops_per_s": measure.peak_matmul_flops(c.MATMUL_SIZE)}
+    return {"flops_per_s": measure.peak_matmul_flops(c.MATMUL_SIZE, _probe_dtype())}
 
 
 def _torch_on_gpu():
@@ -322,6 +328,9 @@ if __name__ == "__main__":
     # python -m benchmarks.cases NAME ['{"DROPOUT": 0.1, ...}']: settings of config.py to override
     name = sys.argv[1]
     c.apply(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
+    keras.config.set_dtype_policy(c.POLICY)
+    if c.FLASH_ATTENTION:
+        keras.config.enable_flash_attention()
     result = CASES[name]()
     result.update({"case": name, "backend": keras.config.backend(), "pid": os.getpid()})
     print("BENCHMARK_RESULT " + json.dumps(result))

@@ -44,6 +44,13 @@ LOSS_CHUNK = 1024
 
 SEED = 0
 
+# Precision and attention kernel of both models (`--policy`, `--flash-attention`): the Keras
+# dtype policy set before the models are built, and Keras's global flash-attention switch
+# (`keras.config.enable_flash_attention()`), which keras-hub's and keras_xf's attention both
+# follow. The matmul probe of model FLOP utilisation runs in the policy's compute dtype.
+POLICY = "float32"
+FLASH_ATTENTION = False
+
 # `--quick`: the same cases, small enough to smoke-test the harness in minutes (not a measurement).
 QUICK = {
     "SEQUENCE": 64,

@@ -90,12 +90,12 @@ def interleaved_seconds(functions, repeats):
     return result
 
 
-def peak_matmul_flops(size=2048, repeats=5):
-    """float32 FLOP/s of a `size`² matmul on the current backend (the machine's practical
+def peak_matmul_flops(size=2048, dtype="float32", repeats=5):
+    """FLOP/s of a `size`² matmul in `dtype` on the current backend (the machine's practical
     peak, against which model FLOP utilisation is measured)."""
     rng = np.random.default_rng(0)
-    a = keras.ops.convert_to_tensor(rng.standard_normal((size, size)).astype("float32"))
-    b = keras.ops.convert_to_tensor(rng.standard_normal((size, size)).astype("float32"))
+    a, b = (keras.ops.convert_to_tensor(rng.standard_normal((size, size)), dtype=dtype)
+            for _ in range(2))
     seconds = median_seconds(lambda: keras.ops.matmul(a, b), warmup=2, repeats=repeats)
     return 2 * size**3 / seconds
 

@@ -120,7 +120,7 @@ def _meets(ratio, target):
     return " ok" if ratio >= target else " SHORT"
 
 
-def format_table(table, backend, machine=None, peak_flops_per_s=None):
+def format_table(table, backend, machine=None, peak_flops_per_s=None, probe_dtype="float32"):
     """The text table that `make bench` prints for one backend."""
     lines = [f"keras_xf vs keras-hub on {backend} (ratio: keras_xf over keras-hub, median of "
              "alternating rounds [min, max]; higher is better)"]
@@ -135,7 +135,7 @@ def format_table(table, backend, machine=None, peak_flops_per_s=None):
                      f"{target_text}")
     if peak_flops_per_s:
         lines.append(f"matmul probe (same process as training): "
-                     f"{peak_flops_per_s / 1e9:.1f} GFLOP/s float32")
+                     f"{peak_flops_per_s / 1e9:.1f} GFLOP/s {probe_dtype}")
     return "\n".join(lines)
 
 

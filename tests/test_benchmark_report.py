@@ -79,7 +79,8 @@ def test_rows_and_text_table():
     assert "[1.10, 1.30]" in text
     batch_1 = next(line for line in text.splitlines() if "batch 1" in line)
     assert batch_1.endswith("1.5 ok")  # 2.0 against JAX's 1.5
-    assert "100.0 GFLOP/s" in text
+    assert "100.0 GFLOP/s float32" in text
+    assert "GFLOP/s bfloat16" in report.format_table(table, "jax", None, 1e11, "bfloat16")
 
 
 def test_rows_include_memory_when_the_single_model_cases_ran():
@@ -104,3 +105,12 @@ def test_markdown_table_has_one_column_per_backend_and_names_the_machine():
     assert "(≥ 1.5 ok)" in batch_1 and "(≥ 10 short)" in batch_1  # JAX, PyTorch targets
     mfu = next(line for line in lines if "MFU" in line)
     assert "0.40 / 0.32 (100)" in mfu
+
+
+def test_settings_on_the_command_line_are_json_values():
+    from benchmarks.run import _parse_settings
+
+    assert _parse_settings(["BATCH=32", "POLICY=mixed_bfloat16", "FLASH_ATTENTION=true"]) == {
+        "BATCH": 32, "POLICY": "mixed_bfloat16", "FLASH_ATTENTION": True}
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        _parse_settings(["BATCH"])

@@ -32,11 +32,19 @@ def dot_product_attention(query, key, value, mask, bias, scale):
     copies of the whole cache per layer and step. PyTorch's `scaled_dot_product_attention`
     takes the strided views as they are. Elsewhere it is `keras.ops.dot_product_attention`.
     `mask` and `bias` are not both given (PyTorch's kernel takes one of them).
+
+    Flash kernels follow Keras's global switch: after `keras.config.enable_flash_attention()`
+    Keras picks its flash kernel where the platform has one (cuDNN on an Ampere or later GPU
+    with bfloat16 or float16 inputs, Splash attention on a TPU) and the plain kernel elsewhere;
+    otherwise the call asks for no flash kernel, so that results do not depend on the platform.
+    PyTorch's `scaled_dot_product_attention` chooses among its own fused kernels (flash,
+    memory-efficient, cuDNN) by the inputs and the device in either case.
     """
     if _backend() == "torch":
         return _torch_attention(query, key, value, mask, bias, scale)
+    flash_attention = None if keras.config.is_flash_attention_enabled() else False
     return ops.dot_product_attention(
-        query, key, value, bias=bias, mask=mask, scale=scale, flash_attention=False
+        query, key, value, bias=bias, mask=mask, scale=scale, flash_attention=flash_attention
     )
 
 
