@@ -13,6 +13,7 @@ set -u
 OUT=${OUT:-benchmarks/results}
 LABEL=${LABEL:-gpu}
 CASE_LIMIT=${CASE_LIMIT:-150}
+CASES=${CASES:-train_interleaved generate_interleaved encode_interleaved}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ! python3 -c "import keras, keras_hub" 2>/dev/null; then
@@ -26,7 +27,7 @@ common=(--policy mixed_bfloat16 --flash-attention --rounds 3 --set MATMUL_SIZE=8
 large=(--set LAYERS=8 --set WIDTH=1024 --set HEADS=16 --set FFN=4096 --set SEQUENCE=1024
        --set BATCH=32)
 for backend in jax torch; do
-  for case in train_interleaved generate_interleaved encode_interleaved; do
+  for case in $CASES; do
     KERAS_BACKEND=$backend timeout "$CASE_LIMIT" python3 -m benchmarks.run "${common[@]}" \
       --cases "$case" --output "$OUT/${LABEL}_bench_$backend.json" \
       >>"$OUT/${LABEL}_bench_$backend.log" 2>&1 || echo "$backend $case failed or timed out"

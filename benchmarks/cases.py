@@ -22,6 +22,20 @@ def _training_data(steps):
     return x, ids[:, 1:]
 
 
+def _fit(model, x, y):
+    """One epoch of `model.fit` on arrays. keras-hub's `fit` batches arrays with grain or
+    tf.data; where neither is installed (a GPU machine with JAX or PyTorch alone) its model is
+    fitted by `keras.Model.fit`: the same train step, on Keras's own array adapter, as
+    keras_xf's models."""
+    fit = model.fit
+    if model.__class__.__module__.startswith("keras_hub"):
+        from keras_hub.src.utils import pipeline_model
+
+        if pipeline_model.grain is None and pipeline_model.tf is None:
+            fit = lambda *a, **k: keras.Model.fit(model, *a, **k)  # noqa: E731
+    return fit(x, y, batch_size=c.BATCH, epochs=1, shuffle=False, verbose=0).history
+
+
 def _fit_throughput(model, chunked_loss=False):
     """Tokens/s of `model.fit` over `TRAIN_STEPS` steps, after a warm-up fit that compiles."""
     x, y = _training_data(c.TRAIN_STEPS)
@@ -29,7 +43,7 @@ def _fit_throughput(model, chunked_loss=False):
     rss_before = measure.peak_rss_mb()
 
     def fit():
-        return model.fit(x, y, batch_size=c.BATCH, epochs=1, shuffle=False, verbose=0).history
+        return _fit(model, x, y)
 
     seconds = measure.median_seconds(fit, warmup=1, repeats=c.REPEATS)
     tokens_per_second = c.TRAIN_STEPS * c.BATCH * c.SEQUENCE / seconds
@@ -60,9 +74,7 @@ def train_interleaved():
     contenders = {"xf": models.compile_for_training(models.xf_causal_lm()),
                   "xf_chunked": models.compile_for_training(models.xf_causal_lm(), True),
                   "hub": models.compile_for_training(models.hub_causal_lm())}
-    fits = {name: (lambda m=model: m.fit(x, y, batch_size=c.BATCH, epochs=1, shuffle=False,
-                                          verbose=0).history)
-            for name, model in contenders.items()}
+    fits = {name: (lambda m=model: _fit(m, x, y)) for name, model in contenders.items()}
     for fit in fits.values():
         for _ in range(1 + c.WARMUP):  # the first fit compiles
             measure.sync(fit())
