@@ -33,18 +33,20 @@ def dot_product_attention(query, key, value, mask, bias, scale):
     takes the strided views as they are. Elsewhere it is `keras.ops.dot_product_attention`.
     `mask` and `bias` are not both given (PyTorch's kernel takes one of them).
 
-    Flash kernels follow Keras's global switch: after `keras.config.enable_flash_attention()`
-    Keras picks its flash kernel where the platform has one (cuDNN on an Ampere or later GPU
-    with bfloat16 or float16 inputs, Splash attention on a TPU) and the plain kernel elsewhere;
-    otherwise the call asks for no flash kernel, so that results do not depend on the platform.
-    PyTorch's `scaled_dot_product_attention` chooses among its own fused kernels (flash,
-    memory-efficient, cuDNN) by the inputs and the device in either case.
+    Flash kernels follow Keras's global switch, as Keras's and keras-hub's attention layers
+    do: by default (and after `keras.config.enable_flash_attention()`) Keras takes its flash
+    kernel where the platform has one (cuDNN on an Ampere or later GPU with bfloat16 or
+    float16 inputs, Splash attention on a TPU) and its plain kernel elsewhere;
+    `keras.config.disable_flash_attention()` keeps the plain kernel everywhere. PyTorch's
+    `scaled_dot_product_attention` chooses among its own fused kernels (flash,
+    memory-efficient, cuDNN) by the inputs and the device.
     """
     if _backend() == "torch":
         return _torch_attention(query, key, value, mask, bias, scale)
-    flash_attention = None if keras.config.is_flash_attention_enabled() else False
+    # None (Keras's default) lets Keras choose; False is the user's `disable_flash_attention`.
     return ops.dot_product_attention(
-        query, key, value, bias=bias, mask=mask, scale=scale, flash_attention=flash_attention
+        query, key, value, bias=bias, mask=mask, scale=scale,
+        flash_attention=keras.config.is_flash_attention_enabled(),
     )
 
 

@@ -106,29 +106,39 @@ def test_fused_and_explicit_paths_agree_on_fully_masked_rows(rng, dtype):
 
 
 @pytest.fixture
-def flash_attention_enabled():
-    """Keras's global flash switch turned on for one test, then restored."""
+def restore_flash_switch():
+    """Keras's global flash switch, restored after the test."""
     from keras.src.backend.common import global_state
 
     previous = keras.config.is_flash_attention_enabled()
-    keras.config.enable_flash_attention()
     yield
     global_state.set_global_attribute("flash_attention", previous)
 
 
+@pytest.mark.parametrize("switch", ["enable", "disable"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_flash_switch_takes_the_platform_kernel_with_the_same_numbers(
-    rng, flash_attention_enabled, dtype
-):
-    # Where the platform has no flash kernel (CPU) the switch must fall back, not raise.
+def test_fused_attention_follows_the_keras_flash_switch(rng, restore_flash_switch, switch, dtype,
+                                                        monkeypatch):
+    getattr(keras.config, f"{switch}_flash_attention")()
+    asked = []
+    if keras.config.backend() == "jax":
+        # Keras's JAX kernel asks whether flash applies only when the switch leaves it the choice.
+        from keras.src.backend.jax import nn as jax_nn
+
+        original = jax_nn._can_use_flash_attention
+        monkeypatch.setattr(jax_nn, "_can_use_flash_attention",
+                            lambda *a, **k: asked.append(1) or original(*a, **k))
     q, k, v = (keras.ops.cast(x, dtype) for x in _random_qkv(rng, kv_heads=2))
     mask = rng.random((2, 1, 5, 6)) > 0.3
     mask[0, 0, 1] = False
     expected, _ = _reference(*(to_numpy(keras.ops.cast(x, "float32")) for x in (q, k, v)), mask)
     expected[0, 1] = 0.0
+    # Where the platform has no flash kernel (a CPU) the switch falls back; it never raises.
     out = xops.scaled_dot_product_attention(q, k, v, mask=mask)
     tolerance = 1e-5 if dtype == "float32" else 3e-2
     np.testing.assert_allclose(to_numpy(keras.ops.cast(out, "float32")), expected, atol=tolerance)
+    if keras.config.backend() == "jax":
+        assert bool(asked) == (switch == "enable")
 
 
 def test_fully_masked_rows_with_bias_and_mask_are_zero(rng):
