@@ -9,6 +9,14 @@ from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
+from keras_xf.layers.blocks.layer_drop import LayerDrop
+from keras_xf.layers.blocks.layer_fusion import LayerFusion
+from keras_xf.layers.blocks.layer_fusion import check_fusion
+from keras_xf.layers.blocks.layer_sharing import kept_groups
+from keras_xf.layers.blocks.layer_sharing import layer_owners
+from keras_xf.layers.blocks.multistep_residual import MultiStepResidual
+from keras_xf.layers.blocks.multistep_residual import check_multistep
+from keras_xf.layers.blocks.multistep_residual import layer_coefficients
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
@@ -145,7 +153,9 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     """
 
     def __init__(self, block, num_layers, final_norm=None, share_attention_maps=1,
-                 share_score_biases=False, **kwargs):
+                 share_score_biases=False, fusion=None, fusion_normalization=None,
+                 layer_drop=0.0, layer_drop_rescale="inference", layer_drop_seed=None,
+                 share_layers=None, multistep=None, learn_multistep=False, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"num_layers must be a positive int. Received: num_layers={num_layers}")
@@ -159,9 +169,15 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         self.num_layers = num_layers
         norm_placement = template.norm_placement
         self.final_norm = norm_placement == "pre" if final_norm is None else bool(final_norm)
+        owners = layer_owners(share_layers, num_layers)
+        self.share_layers = list(share_layers) if isinstance(share_layers, (list, tuple)) else (
+            share_layers)
         self.blocks = []
         dtype = keras.dtype_policies.serialize(self.dtype_policy)
         for index in range(num_layers):
+            if owners[index] != index:  # the same layer object: one set of weights
+                self.blocks.append(self.blocks[owners[index]])
+                continue
             config = templates[index % len(templates)]
             if self.share_score_biases and index:
                 config = _without_biases(config)
@@ -180,6 +196,51 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 self.dtype_policy,
                 "output_norm",
             )
+        self._build_depth_options(template, fusion, fusion_normalization, layer_drop,
+                                  layer_drop_rescale, layer_drop_seed, multistep, learn_multistep)
+
+    def _build_depth_options(self, template, fusion, fusion_normalization, layer_drop,
+                             layer_drop_rescale, layer_drop_seed, multistep, learn_multistep):
+        """The layers of fusion, layer drop and multi-step residuals (survey §4.2.3, §4.2.4,
+        §4.3)."""
+        check_fusion(fusion, fusion_normalization)
+        self.multistep = check_multistep(multistep)
+        if not isinstance(learn_multistep, bool):
+            raise ValueError(f"learn_multistep must be a bool. Received: "
+                             f"learn_multistep={learn_multistep!r}")
+        if fusion is not None and self.multistep is not None:
+            raise ValueError(
+                "fusion and multistep both define how a layer combines the earlier layer "
+                f"outputs; pass one of them. Received: fusion={fusion!r}, "
+                f"multistep={multistep!r}"
+            )
+        self.fusion = fusion
+        self.fusion_normalization = fusion_normalization
+        self.learn_multistep = learn_multistep
+        self.layer_drop_rescale = layer_drop_rescale
+        self.layer_drop_seed = layer_drop_seed
+        dropper = LayerDrop(layer_drop, layer_drop_rescale, layer_drop_seed,
+                            dtype=self.dtype_policy, name="layer_drop")  # checks the arguments
+        self.layer_drop = dropper.rate
+        # Without layer drop the stack holds no seed generator (no extra variable).
+        self.layer_dropper = dropper if self.layer_drop else None
+        # Fusion `l` makes the input of layer `l + 1` (the stack's output for the last).
+        self.fusions = []
+        if fusion is not None:
+            self.fusions = [
+                LayerFusion(fusion, index + 2, normalization=fusion_normalization,
+                            epsilon=template.epsilon, dtype=self.dtype_policy,
+                            name=f"fusion_{index}")
+                for index in range(self.num_layers)
+            ]
+        self.multisteps = []
+        if self.multistep is not None:
+            self.multisteps = [
+                MultiStepResidual(*layer_coefficients(self.multistep, index),
+                                  trainable_coefficients=learn_multistep,
+                                  dtype=self.dtype_policy, name=f"multistep_{index}")
+                for index in range(self.num_layers)
+            ]
 
     def _templates(self):
         """The serialised template configs: layer `l` is built from `templates[l % len]`."""
@@ -187,10 +248,59 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         return config if isinstance(config, list) else [config]
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
-        for block in self.blocks:
+        for block in self.distinct_blocks:
             block.build(inputs_shape, encoder_outputs_shape)
+        for fusion in self.fusions:
+            fusion.build([inputs_shape] * fusion.num_inputs)
+        for step in self.multisteps:
+            step.build()
         if self.output_norm is not None:
             self.output_norm.build(inputs_shape)
+
+    @property
+    def distinct_blocks(self):
+        """The blocks that hold weights: one per group of layers sharing parameters."""
+        seen = []
+        for block in self.blocks:
+            if not any(block is other for other in seen):
+                seen.append(block)
+        return seen
+
+    @property
+    def _combines_layers(self):
+        """Whether a layer's output is more than its block's output (layer drop, multi-step
+        residuals or fusion), which needs every layer's full outputs."""
+        return bool(self.fusions or self.multisteps or self.layer_drop)
+
+    def prune(self, layers):
+        """A new stack with the layers `layers` only (sorted, distinct 0-based indices), each
+        keeping its weights: the pruning of dropped layers at inference (survey §4.2.4).
+        A stack trained with layer drop keeps its `layer_drop` rate, so the survey's
+        inference rescaling applies to the kept layers. Layers that shared weights still
+        share them. The stack must be built; fusion and multi-step residuals, whose
+        parameters depend on the layer count, cannot be pruned."""
+        ok = isinstance(layers, (list, tuple)) and layers and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in layers)
+        if not ok or list(layers) != sorted(set(layers)) or not (
+                0 <= layers[0] and layers[-1] < self.num_layers):
+            raise ValueError(
+                "layers must be a non-empty list of distinct, increasing layer indices in "
+                f"[0, {self.num_layers}). Received: layers={layers!r}")
+        if self.fusions or self.multisteps:
+            raise ValueError("prune needs a stack without fusion and multistep. Received: "
+                             f"fusion={self.fusion!r}, multistep={self.multistep!r}")
+        if not self.built:
+            raise ValueError("prune needs a built stack (its weights are kept). Call the "
+                             "stack or build it first.")
+        config = dict(self.get_config(), num_layers=len(layers),
+                      share_layers=kept_groups(self.share_layers, self.num_layers, layers))
+        pruned = self.__class__.from_config(config)
+        pruned.build_from_config(self.get_build_config())
+        for new, index in zip(pruned.blocks, layers):
+            new.set_weights(self.blocks[index].get_weights())
+        if self.output_norm is not None:
+            pruned.output_norm.set_weights(self.output_norm.get_weights())
+        return pruned
 
     def init_cache(self, batch_size, max_length, dtype=None, encoder_length=None):
         """A tuple with one cache per block."""
@@ -243,14 +353,19 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         shared_weights = None
         # The last block computes the first positions itself, or the stack slices its outputs.
         last_rows = output_length
-        if self._computes_biases_once or not isinstance(self.blocks[-1], TransformerBlock):
+        if (self._computes_biases_once or self._combines_layers
+                or not isinstance(self.blocks[-1], TransformerBlock)):
             last_rows = None
+        states, increments = [inputs], []
         for index, block in enumerate(self.blocks):
             sharing = self._sharing_arguments(index, shared_weights)
             last = last_rows is not None and index == self.num_layers - 1
             rows = {"output_length": last_rows} if last else {}
+            layer_inputs = outputs
+            if self.fusions and index:
+                layer_inputs = self.fusions[index - 1](list(states), training=training)
             results = block(
-                outputs,
+                layer_inputs,
                 padding_mask=padding_mask,
                 attention_mask=attention_mask,
                 encoder_outputs=encoder_outputs,
@@ -263,6 +378,9 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 **dict(kwargs, **sharing),
             )
             outputs, layer_cache, extras = split_results(results, cache is not None)
+            outputs = self._layer_outputs(index, layer_inputs, outputs, states, increments,
+                                          training)
+            states.append(outputs)
             new_caches.append(layer_cache)
             if extras is None:
                 continue
@@ -271,9 +389,24 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
             if "return_attention_scores" not in sharing or kwargs.get("return_attention_scores"):
                 for key, value in extras.items():
                     collected.setdefault(key, [None] * self.num_layers)[index] = value
+        if self.fusions:
+            outputs = self.fusions[-1](list(states), training=training)
         if output_length is not None and last_rows is None:
             outputs = outputs[:, :output_length]
         return outputs, new_caches, collected
+
+    def _layer_outputs(self, index, layer_inputs, block_outputs, states, increments, training):
+        """`z^l` from the block's output: with layer drop or multi-step residuals, from the
+        increment `f^l = Block^l(Z^l) − Z^l` (`increments` is kept newest first)."""
+        if not self.layer_drop and not self.multisteps:
+            return block_outputs
+        increment = block_outputs - layer_inputs
+        if self.layer_dropper is not None:
+            increment = self.layer_dropper(increment, training=training)
+        if not self.multisteps:
+            return layer_inputs + increment
+        increments.insert(0, increment)
+        return self.multisteps[index](states[::-1], list(increments))
 
     def _results(self, outputs, new_caches, collected, has_cache):
         if not collected:
@@ -324,6 +457,14 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 "final_norm": self.final_norm,
                 "share_attention_maps": self.share_attention_maps,
                 "share_score_biases": self.share_score_biases,
+                "fusion": self.fusion,
+                "fusion_normalization": self.fusion_normalization,
+                "layer_drop": self.layer_drop,
+                "layer_drop_rescale": self.layer_drop_rescale,
+                "layer_drop_seed": self.layer_drop_seed,
+                "share_layers": self.share_layers,
+                "multistep": self.multistep,
+                "learn_multistep": self.learn_multistep,
             }
         )
         return config
