@@ -36,14 +36,17 @@ class LayerDrop(keras.layers.Layer):
 
     Returns:
         the scaled increment, `[B, T, d]`.
+
+    Example:
+    >>> drop = LayerDrop(0.2, seed=1)
+    >>> f = drop(keras.random.normal((2, 5, 16)), training=True)  # zero rows for dropped examples
     """
 
     def __init__(self, rate, rescale="inference", seed=None, **kwargs):
         super().__init__(**kwargs)
-        self.rate = check_rate("layer_drop", rate)
+        self.rate = check_rate("rate", rate)
         if rescale not in RESCALES:
-            raise ValueError(f"layer_drop_rescale must be one of {RESCALES}. Received: "
-                             f"layer_drop_rescale={rescale!r}")
+            raise ValueError(f"rescale must be one of {RESCALES}. Received: rescale={rescale!r}")
         self.rescale = rescale
         self.seed = check_seed(seed)
         self.seed_generator = keras.random.SeedGenerator(seed)

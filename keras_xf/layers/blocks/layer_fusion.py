@@ -1,7 +1,5 @@
 """Fusion of earlier layer outputs into one representation (survey §4.2.3, layer fusion)."""
 
-import functools
-
 import keras
 from keras import ops
 
@@ -11,18 +9,22 @@ from keras_xf.layers.residual.residual import make_normalization
 from keras_xf.ops.attention import masked_softmax
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.checks import check_rank
+from keras_xf.ops.checks import static_dim
 
 FUSIONS = ("average", "weighted_sum", "feedforward", "attention")
 
 
-def check_fusion(fusion, normalization):
-    """`fusion` is `None` or one of `FUSIONS`; `normalization` `None` or a norm's name."""
+def check_fusion(fusion, normalization, names=("fusion", "fusion_normalization")):
+    """`fusion` is `None` or one of `FUSIONS`; `normalization` `None` or a norm's name;
+    errors name the arguments `names`."""
     if fusion is not None and fusion not in FUSIONS:
-        raise ValueError(f"fusion must be None or one of {FUSIONS}. Received: fusion={fusion!r}")
+        raise ValueError(f"{names[0]} must be None or one of {FUSIONS}. Received: "
+                         f"{names[0]}={fusion!r}")
     if normalization is not None and normalization not in NORMALIZATIONS:
         raise ValueError(
-            f"fusion_normalization must be None or one of {NORMALIZATIONS}. Received: "
-            f"fusion_normalization={normalization!r}"
+            f"{names[1]} must be None or one of {NORMALIZATIONS}. Received: "
+            f"{names[1]}={normalization!r}"
         )
 
 
@@ -50,14 +52,15 @@ class LayerFusion(keras.layers.Layer):
         **kwargs: base `Layer` arguments.
 
     Call arguments:
-        inputs: a list of `n` tensors `[B, T, d]`, oldest first.
+        inputs: `[B, T, n, d]`, the `n` outputs `z^1 … z^n` stacked on axis −2, oldest
+            first.
 
     Returns:
         `[B, T, d]`.
 
     Example:
-    >>> fusion = LayerFusion("weighted_sum", num_inputs=3)
-    >>> z = fusion([keras.random.normal((2, 5, 16)) for _ in range(3)])
+    >>> fusion = LayerFusion("attention", num_inputs=3, normalization="layer_norm")
+    >>> z = fusion(keras.random.normal((2, 5, 3, 16)))  # (2, 5, 16)
     """
 
     def __init__(self, mode, num_inputs, normalization=None, intermediate_dim=None,
@@ -65,7 +68,7 @@ class LayerFusion(keras.layers.Layer):
         super().__init__(**kwargs)
         if mode not in FUSIONS:
             raise ValueError(f"mode must be one of {FUSIONS}. Received: mode={mode!r}")
-        check_fusion(mode, normalization)
+        check_fusion(mode, normalization, ("mode", "normalization"))
         self.mode = mode
         self.num_inputs = check_positive_int("num_inputs", num_inputs)
         self.normalization = normalization
@@ -77,8 +80,9 @@ class LayerFusion(keras.layers.Layer):
             self.norm = make_normalization(normalization, epsilon, self.dtype_policy, "norm")
 
     def build(self, inputs_shape):
-        shape = tuple(inputs_shape[0])
+        shape = tuple(inputs_shape[:-2]) + (inputs_shape[-1],)
         width = shape[-1]
+        self._build_width = width
         if self.mode == "weighted_sum":
             self.fusion_weights = self.add_weight(
                 shape=(self.num_inputs,),
@@ -91,7 +95,7 @@ class LayerFusion(keras.layers.Layer):
                 for name in ("query", "key", "value")
             )
             for dense in (self.query_dense, self.key_dense, self.value_dense):
-                dense.build(shape)
+                dense.build(tuple(inputs_shape))
         if self.mode in ("feedforward", "attention"):
             self.feedforward = FeedForward(self.intermediate_dim or width, output_dim=width,
                                            dtype=self.dtype_policy, name="feedforward")
@@ -100,36 +104,46 @@ class LayerFusion(keras.layers.Layer):
             self.norm.build(shape)
 
     def call(self, inputs, training=None):
-        if len(inputs) != self.num_inputs:
-            raise ValueError(f"LayerFusion expects {self.num_inputs} inputs. Received: "
-                             f"{len(inputs)} inputs")
+        check_rank("inputs", inputs, 4, "[batch, length, num_inputs, dim]")
+        if static_dim(inputs.shape[-2]) != self.num_inputs or (
+                static_dim(inputs.shape[-1]) != self._width):
+            raise ValueError(
+                f"inputs must have shape [batch, length, {self.num_inputs}, {self._width}] "
+                f"(num_inputs={self.num_inputs}). Received: inputs.shape={tuple(inputs.shape)}"
+            )
         if self.mode == "average":
-            fused = functools.reduce(ops.add, inputs)
-            fused = fused / ops.cast(self.num_inputs, fused.dtype)
+            fused = ops.mean(inputs, axis=-2)
         elif self.mode == "weighted_sum":
-            weights = ops.cast(self.fusion_weights, inputs[0].dtype)
-            fused = functools.reduce(ops.add, [weights[k] * z for k, z in enumerate(inputs)])
+            weights = ops.cast(self.fusion_weights, inputs.dtype)
+            fused = ops.einsum("btnd,n->btd", inputs, weights)
         elif self.mode == "feedforward":
-            fused = self.feedforward(ops.concatenate(list(inputs), axis=-1), training=training)
+            fused = self.feedforward(self._concatenate(inputs), training=training)
         else:
             fused = self._attention(inputs, training)
         if self.norm is not None:
             fused = self.norm(fused)
         return fused
 
-    def _attention(self, inputs, training):
-        layers = ops.stack(list(inputs), axis=-2)  # [B, T, n, d]
+    def _concatenate(self, layers):
+        """`[z^1, …, z^n]` along the features: `[B, T, n·d]`."""
+        shape = ops.shape(layers)
+        return ops.reshape(layers, (shape[0], shape[1], self.num_inputs * self._width))
+
+    def _attention(self, layers, training):
         query, key, value = self.query_dense(layers), self.key_dense(layers), self.value_dense(layers)
-        scale = 1.0 / float(layers.shape[-1]) ** 0.5
+        scale = 1.0 / float(self._width) ** 0.5
         scores = ops.einsum("btnd,btmd->btnm", ops.cast(query, "float32"),
                             ops.cast(key, "float32")) * scale
         weights = ops.cast(masked_softmax(scores), value.dtype)
         attended = ops.einsum("btnm,btmd->btnd", weights, value)
-        attended = ops.concatenate([attended[:, :, k] for k in range(self.num_inputs)], axis=-1)
-        return self.feedforward(attended, training=training)
+        return self.feedforward(self._concatenate(attended), training=training)
+
+    @property
+    def _width(self):
+        return self._build_width
 
     def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape[0])
+        return tuple(inputs_shape[:-2]) + (inputs_shape[-1],)
 
     def get_config(self):
         config = super().get_config()

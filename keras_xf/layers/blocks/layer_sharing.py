@@ -1,4 +1,5 @@
-"""Parameter sharing across the layers of a stack (survey §4.2.4, §5.4)."""
+"""Parameter sharing across the layers of a stack (survey §4.2.4, §5.4), and the stack
+that keeps a subset of its layers (pruning after layer drop, §4.2.4)."""
 
 import numbers
 
@@ -40,3 +41,34 @@ def kept_groups(share_layers, num_layers, layers):
         return None
     owners = layer_owners(share_layers, num_layers)
     return [owners[index] for index in layers]
+
+
+def prune_stack(stack, layers):
+    """A new stack like `stack` with the layers `layers` only (sorted, distinct 0-based
+    indices), each keeping its weights: the pruning of dropped layers at inference (§4.2.4).
+    A stack trained with layer drop keeps its `layer_drop` rate, so the survey's
+    inference rescaling applies to the kept layers. Layers that shared weights still
+    share them. The stack must be built; fusion and multi-step residuals, whose
+    parameters depend on the layer count, cannot be pruned."""
+    ok = isinstance(layers, (list, tuple)) and layers and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in layers)
+    if not ok or list(layers) != sorted(set(layers)) or not (
+            0 <= layers[0] and layers[-1] < stack.num_layers):
+        raise ValueError(
+            "layers must be a non-empty list of distinct, increasing layer indices in "
+            f"[0, {stack.num_layers}). Received: layers={layers!r}")
+    if stack.fusions or stack.multisteps:
+        raise ValueError("prune needs a stack without fusion and multistep. Received: "
+                         f"fusion={stack.fusion!r}, multistep={stack.multistep!r}")
+    if not stack.built:
+        raise ValueError("prune needs a built stack (its weights are kept). Call the "
+                         "stack or build it first.")
+    config = dict(stack.get_config(), num_layers=len(layers),
+                  share_layers=kept_groups(stack.share_layers, stack.num_layers, layers))
+    pruned = stack.__class__.from_config(config)
+    pruned.build_from_config(stack.get_build_config())
+    for new, index in zip(pruned.blocks, layers):
+        new.set_weights(stack.blocks[index].get_weights())
+    if stack.output_norm is not None:
+        pruned.output_norm.set_weights(stack.output_norm.get_weights())
+    return pruned

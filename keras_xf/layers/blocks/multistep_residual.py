@@ -1,10 +1,12 @@
 """Linear multi-step residual connections over earlier layer outputs (survey §4.3)."""
 
-import functools
 import numbers
 
 import keras
 from keras import ops
+
+from keras_xf.ops.checks import check_rank
+from keras_xf.ops.checks import static_dim
 
 # Adams–Bashforth coefficients b_1 … b_p of the increments (newest first), a = [1].
 ADAMS_BASHFORTH = {
@@ -67,15 +69,16 @@ class MultiStepResidual(keras.layers.Layer):
         **kwargs: base `Layer` arguments.
 
     Call arguments:
-        states: list of at least `p` tensors `[B, T, d]`, newest first (`z^{l−1}` first).
-        increments: list of at least `q` tensors `[B, T, d]`, newest first (`f^l` first).
+        states: `[B, T, p', d]`, `p' ≥ p` earlier outputs stacked on axis −2, newest first
+            (`z^{l−1}` first).
+        increments: `[B, T, q', d]`, `q' ≥ q` increments, newest first (`f^l` first).
 
     Returns:
         `[B, T, d]`.
 
     Example:
-    >>> step = MultiStepResidual(a=[1.0], b=[1.5, -0.5])
-    >>> z = step([keras.random.normal((2, 5, 16))], [keras.random.normal((2, 5, 16))] * 2)
+    >>> step = MultiStepResidual(a=[1.0], b=[1.5, -0.5], trainable_coefficients=True)
+    >>> z = step(keras.random.normal((2, 5, 1, 16)), keras.random.normal((2, 5, 2, 16)))
     """
 
     def __init__(self, a, b, trainable_coefficients=False, **kwargs):
@@ -95,22 +98,27 @@ class MultiStepResidual(keras.layers.Layer):
                 shape=(len(self.b),), initializer=keras.initializers.Constant(self.b), name="b")
 
     def call(self, states, increments):
-        if len(states) < len(self.a) or len(increments) < len(self.b):
-            raise ValueError(
-                f"MultiStepResidual needs {len(self.a)} states and {len(self.b)} increments. "
-                f"Received: {len(states)} states and {len(increments)} increments"
-            )
-        dtype = states[0].dtype
+        check_rank("states", states, 4, "[batch, length, steps, dim]")
+        check_rank("increments", increments, 4, "[batch, length, steps, dim]")
+        p, q = len(self.a), len(self.b)
+        for name, tensor, count in (("states", states, p), ("increments", increments, q)):
+            steps = static_dim(tensor.shape[-2])
+            if steps is None or steps < count:
+                raise ValueError(
+                    f"MultiStepResidual needs {p} states and {q} increments: {name} must "
+                    f"have shape [batch, length, >= {count}, dim]. Received: "
+                    f"{name}.shape={tuple(tensor.shape)}"
+                )
+        dtype = states.dtype
         if self.trainable_coefficients:
             a, b = ops.cast(self.a_weights, dtype), ops.cast(self.b_weights, dtype)
         else:
-            a, b = self.a, self.b
-        terms = [a[i] * states[i] for i in range(len(self.a))]
-        terms += [b[i] * increments[i] for i in range(len(self.b))]
-        return functools.reduce(ops.add, terms)
+            a, b = ops.convert_to_tensor(self.a, dtype), ops.convert_to_tensor(self.b, dtype)
+        return (ops.einsum("btpd,p->btd", states[:, :, :p], a)
+                + ops.einsum("btqd,q->btd", increments[:, :, :q], b))
 
     def compute_output_shape(self, states_shape, increments_shape=None):
-        return tuple(states_shape[0])
+        return tuple(states_shape[:-2]) + (states_shape[-1],)
 
     def get_config(self):
         config = super().get_config()

@@ -1,6 +1,7 @@
 """A stack of Transformer layers cloned from one template block (survey §2.1, §5.4)."""
 
 import keras
+from keras import ops
 
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.block_contract import PassesMixerArguments
@@ -9,11 +10,12 @@ from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
+from keras_xf.layers.blocks.layer_drop import RESCALES
 from keras_xf.layers.blocks.layer_drop import LayerDrop
 from keras_xf.layers.blocks.layer_fusion import LayerFusion
 from keras_xf.layers.blocks.layer_fusion import check_fusion
-from keras_xf.layers.blocks.layer_sharing import kept_groups
 from keras_xf.layers.blocks.layer_sharing import layer_owners
+from keras_xf.layers.blocks.layer_sharing import prune_stack
 from keras_xf.layers.blocks.multistep_residual import MultiStepResidual
 from keras_xf.layers.blocks.multistep_residual import check_multistep
 from keras_xf.layers.blocks.multistep_residual import layer_coefficients
@@ -24,6 +26,8 @@ from keras_xf.layers.cloning import serialize_layer
 from keras_xf.layers.residual.residual import make_normalization
 from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_rank
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import check_seed
 
 # The layers a stack is made of; each has `mixer`, `normalization`, `norm_placement`, `epsilon`.
 BLOCKS = (TransformerBlock, GatedCrossAttentionBlock)
@@ -114,6 +118,22 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     each layer). Cached decoding and generation work as without sharing; there is one set
     of weights to train.
 
+    Depth options (survey §4.2.3, §4.2.4, §4.3, §5.4; `docs/design.md`). A layer's
+    increment is `f^l = Block^l(Z^l) − Z^l`, `Z^l` its input, `z^0` the stack's input.
+    - Layer fusion (`fusion`): `Z^1 = z^0`, `Z^{l+1} = φ_l(z^0, …, z^l)`, and the output is
+      `Z^{L+1}`; `φ` one of the survey's table (`LayerFusion`), `LNorm(φ)` with
+      `fusion_normalization`.
+    - Layer drop (`layer_drop = p = 1 − ρ`): in training `z^l = Z^l + g·f^l`, `g ~
+      Bernoulli(ρ)` per example, a multiplicative gate (every layer is computed; no branch
+      on tensors, so it compiles under XLA); at inference `z^l = Z^l + ρ·f^l`, the survey's
+      rescaling (`LayerDrop`). `prune(layers)` keeps a subset of the layers.
+    - Parameter sharing (`share_layers`): `θ^{l_1} = … = θ^{l_n}` for the layers of a group;
+      shared layers are the same block object, counted and saved once.
+    - Linear multi-step residuals (`multistep`): `z^l = Σ_i a_i z^{l−i} + Σ_i b_i f^{l−i+1}`
+      (`MultiStepResidual`, Adams–Bashforth presets or given coefficients, learned with
+      `learn_multistep`).
+    All of them work with caches (they act on each position alone) and any mixer.
+
     Args:
         block: a `TransformerBlock` or `GatedCrossAttentionBlock` (or its serialised config)
             used as the template, or a non-empty list of templates used in turn; the
@@ -125,6 +145,17 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         share_score_biases: bool, all layers use the first layer's score biases (their
             `MultiHeadAttention` mixers must have equally many); `False` gives each layer
             its own copy.
+        fusion: `None`, `"average"`, `"weighted_sum"`, `"feedforward"` or `"attention"`.
+        fusion_normalization: `None` or a normalisation name (`"layer_norm"`, …).
+        layer_drop: float in `[0, 1)`, the probability of skipping a layer in training.
+        layer_drop_rescale: `"inference"` (multiply increments by `ρ` at inference, the
+            survey's form) or `"training"` (divide kept increments by `ρ` in training).
+        layer_drop_seed: optional int seed of the layer-drop gates.
+        share_layers: `None`, `"all"`, an int `k` (layer `l` uses the weights of layer
+            `l mod k`), or a list of `num_layers` group names (equal names share).
+        multistep: `None`, `"adams_bashforth_1"` … `"adams_bashforth_4"`, or
+            `{"a": [a_1, …], "b": [b_1, …]}`.
+        learn_multistep: bool, the multi-step coefficients are trained.
         **kwargs: base `Layer` arguments.
 
     Call arguments:
@@ -219,8 +250,13 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         self.learn_multistep = learn_multistep
         self.layer_drop_rescale = layer_drop_rescale
         self.layer_drop_seed = layer_drop_seed
+        check_rate("layer_drop", layer_drop)
+        if layer_drop_rescale not in RESCALES:
+            raise ValueError(f"layer_drop_rescale must be one of {RESCALES}. Received: "
+                             f"layer_drop_rescale={layer_drop_rescale!r}")
+        layer_drop_seed = check_seed(layer_drop_seed, "layer_drop_seed")
         dropper = LayerDrop(layer_drop, layer_drop_rescale, layer_drop_seed,
-                            dtype=self.dtype_policy, name="layer_drop")  # checks the arguments
+                            dtype=self.dtype_policy, name="layer_drop")
         self.layer_drop = dropper.rate
         # Without layer drop the stack holds no seed generator (no extra variable).
         self.layer_dropper = dropper if self.layer_drop else None
@@ -250,10 +286,12 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     def build(self, inputs_shape, encoder_outputs_shape=None):
         for block in self.distinct_blocks:
             block.build(inputs_shape, encoder_outputs_shape)
+        layers_shape = tuple(inputs_shape[:-1])
         for fusion in self.fusions:
-            fusion.build([inputs_shape] * fusion.num_inputs)
-        for step in self.multisteps:
-            step.build()
+            fusion.build(layers_shape + (fusion.num_inputs, inputs_shape[-1]))
+        for index, step in enumerate(self.multisteps):
+            steps = layers_shape + (index + 1, inputs_shape[-1])
+            step.build(steps, steps)
         if self.output_norm is not None:
             self.output_norm.build(inputs_shape)
 
@@ -275,32 +313,8 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     def prune(self, layers):
         """A new stack with the layers `layers` only (sorted, distinct 0-based indices), each
         keeping its weights: the pruning of dropped layers at inference (survey §4.2.4).
-        A stack trained with layer drop keeps its `layer_drop` rate, so the survey's
-        inference rescaling applies to the kept layers. Layers that shared weights still
-        share them. The stack must be built; fusion and multi-step residuals, whose
-        parameters depend on the layer count, cannot be pruned."""
-        ok = isinstance(layers, (list, tuple)) and layers and all(
-            isinstance(i, int) and not isinstance(i, bool) for i in layers)
-        if not ok or list(layers) != sorted(set(layers)) or not (
-                0 <= layers[0] and layers[-1] < self.num_layers):
-            raise ValueError(
-                "layers must be a non-empty list of distinct, increasing layer indices in "
-                f"[0, {self.num_layers}). Received: layers={layers!r}")
-        if self.fusions or self.multisteps:
-            raise ValueError("prune needs a stack without fusion and multistep. Received: "
-                             f"fusion={self.fusion!r}, multistep={self.multistep!r}")
-        if not self.built:
-            raise ValueError("prune needs a built stack (its weights are kept). Call the "
-                             "stack or build it first.")
-        config = dict(self.get_config(), num_layers=len(layers),
-                      share_layers=kept_groups(self.share_layers, self.num_layers, layers))
-        pruned = self.__class__.from_config(config)
-        pruned.build_from_config(self.get_build_config())
-        for new, index in zip(pruned.blocks, layers):
-            new.set_weights(self.blocks[index].get_weights())
-        if self.output_norm is not None:
-            pruned.output_norm.set_weights(self.output_norm.get_weights())
-        return pruned
+        See `layer_sharing.prune_stack`."""
+        return prune_stack(self, layers)
 
     def init_cache(self, batch_size, max_length, dtype=None, encoder_length=None):
         """A tuple with one cache per block."""
@@ -363,7 +377,7 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
             rows = {"output_length": last_rows} if last else {}
             layer_inputs = outputs
             if self.fusions and index:
-                layer_inputs = self.fusions[index - 1](list(states), training=training)
+                layer_inputs = self.fusions[index - 1](ops.stack(states, axis=-2), training=training)
             results = block(
                 layer_inputs,
                 padding_mask=padding_mask,
@@ -390,7 +404,7 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 for key, value in extras.items():
                     collected.setdefault(key, [None] * self.num_layers)[index] = value
         if self.fusions:
-            outputs = self.fusions[-1](list(states), training=training)
+            outputs = self.fusions[-1](ops.stack(states, axis=-2), training=training)
         if output_length is not None and last_rows is None:
             outputs = outputs[:, :output_length]
         return outputs, new_caches, collected
@@ -406,7 +420,8 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         if not self.multisteps:
             return layer_inputs + increment
         increments.insert(0, increment)
-        return self.multisteps[index](states[::-1], list(increments))
+        return self.multisteps[index](ops.stack(states[::-1], axis=-2),
+                                      ops.stack(increments, axis=-2))
 
     def _results(self, outputs, new_caches, collected, has_cache):
         if not collected:

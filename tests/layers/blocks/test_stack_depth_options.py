@@ -122,8 +122,10 @@ def test_layer_fusion_validates():
         make_stack(fusion="average", fusion_normalization="batch_norm")
     with pytest.raises(ValueError, match="num_inputs"):
         LayerFusion("average", 0)
-    with pytest.raises(ValueError, match="expects 3 inputs. Received: 2"):
-        LayerFusion("average", 3)([np.ones((1, 2, 4), "float32")] * 2)
+    with pytest.raises(ValueError, match="inputs must have shape \\[batch, length, 3, 4\\]"):
+        LayerFusion("average", 3)(np.ones((1, 2, 2, 4), "float32"))
+    with pytest.raises(ValueError, match="inputs must have rank 4"):
+        LayerFusion("average", 3)(np.ones((1, 2, 4), "float32"))
     with pytest.raises(ValueError, match="pass one of them"):
         make_stack(fusion="average", multistep="adams_bashforth_2")
 
@@ -191,6 +193,8 @@ def test_layer_drop_validates():
         make_stack(layer_drop=1.0)
     with pytest.raises(ValueError, match="layer_drop_rescale"):
         make_stack(layer_drop=0.1, layer_drop_rescale="never")
+    with pytest.raises(ValueError, match="layer_drop_seed"):
+        make_stack(layer_drop=0.1, layer_drop_seed=-3)
 
 
 # --- Parameter sharing -------------------------------------------------------------------------
@@ -298,9 +302,9 @@ def test_multistep_validates(multistep):
         make_stack(multistep=multistep)
     with pytest.raises(ValueError, match="learn_multistep"):
         make_stack(multistep="adams_bashforth_2", learn_multistep="yes")
-    with pytest.raises(ValueError, match="needs 2 states"):
-        MultiStepResidual([1.0, 1.0], [1.0])([np.ones((1, 2, 4), "float32")],
-                                             [np.ones((1, 2, 4), "float32")])
+    with pytest.raises(ValueError, match="needs 2 states and 1 increments: states"):
+        MultiStepResidual([1.0, 1.0], [1.0])(np.ones((1, 2, 1, 4), "float32"),
+                                             np.ones((1, 2, 1, 4), "float32"))
 
 
 # --- Composition with caches, saving, mixed precision, XLA ------------------------------------
