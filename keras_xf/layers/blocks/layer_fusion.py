@@ -130,7 +130,8 @@ class LayerFusion(keras.layers.Layer):
         return ops.reshape(layers, (shape[0], shape[1], self.num_inputs * self._width))
 
     def _attention(self, layers, training):
-        query, key, value = self.query_dense(layers), self.key_dense(layers), self.value_dense(layers)
+        query, key = self.query_dense(layers), self.key_dense(layers)
+        value = self.value_dense(layers)
         scale = 1.0 / float(self._width) ** 0.5
         scores = ops.einsum("btnd,btmd->btnm", ops.cast(query, "float32"),
                             ops.cast(key, "float32")) * scale

@@ -248,14 +248,13 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         self.fusion = fusion
         self.fusion_normalization = fusion_normalization
         self.learn_multistep = learn_multistep
-        self.layer_drop_rescale = layer_drop_rescale
-        self.layer_drop_seed = layer_drop_seed
         check_rate("layer_drop", layer_drop)
         if layer_drop_rescale not in RESCALES:
             raise ValueError(f"layer_drop_rescale must be one of {RESCALES}. Received: "
                              f"layer_drop_rescale={layer_drop_rescale!r}")
-        layer_drop_seed = check_seed(layer_drop_seed, "layer_drop_seed")
-        dropper = LayerDrop(layer_drop, layer_drop_rescale, layer_drop_seed,
+        self.layer_drop_rescale = layer_drop_rescale
+        self.layer_drop_seed = check_seed(layer_drop_seed, "layer_drop_seed")
+        dropper = LayerDrop(layer_drop, layer_drop_rescale, self.layer_drop_seed,
                             dtype=self.dtype_policy, name="layer_drop")
         self.layer_drop = dropper.rate
         # Without layer drop the stack holds no seed generator (no extra variable).
@@ -377,7 +376,8 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
             rows = {"output_length": last_rows} if last else {}
             layer_inputs = outputs
             if self.fusions and index:
-                layer_inputs = self.fusions[index - 1](ops.stack(states, axis=-2), training=training)
+                layer_inputs = self.fusions[index - 1](ops.stack(states, axis=-2),
+                                                       training=training)
             results = block(
                 layer_inputs,
                 padding_mask=padding_mask,
@@ -394,7 +394,8 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
             outputs, layer_cache, extras = split_results(results, cache is not None)
             outputs = self._layer_outputs(index, layer_inputs, outputs, states, increments,
                                           training)
-            states.append(outputs)
+            if self.fusions or self.multisteps:
+                states.append(outputs)
             new_caches.append(layer_cache)
             if extras is None:
                 continue
