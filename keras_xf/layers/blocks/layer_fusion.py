@@ -105,8 +105,9 @@ class LayerFusion(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         check_rank("inputs", inputs, 4, "[batch, length, num_inputs, dim]")
-        if static_dim(inputs.shape[-2]) != self.num_inputs or (
-                static_dim(inputs.shape[-1]) != self._width):
+        received = (static_dim(inputs.shape[-2]), static_dim(inputs.shape[-1]))
+        if any(r is not None and r != e for r, e in zip(received, (self.num_inputs,
+                                                                   self._width))):
             raise ValueError(
                 f"inputs must have shape [batch, length, {self.num_inputs}, {self._width}] "
                 f"(num_inputs={self.num_inputs}). Received: inputs.shape={tuple(inputs.shape)}"

@@ -103,7 +103,7 @@ class MultiStepResidual(keras.layers.Layer):
         p, q = len(self.a), len(self.b)
         for name, tensor, count in (("states", states, p), ("increments", increments, q)):
             steps = static_dim(tensor.shape[-2])
-            if steps is None or steps < count:
+            if steps is not None and steps < count:
                 raise ValueError(
                     f"MultiStepResidual needs {p} states and {q} increments: {name} must "
                     f"have shape [batch, length, >= {count}, dim]. Received: "
