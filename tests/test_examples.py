@@ -36,6 +36,12 @@ TINY_RUNS = {
          "--sample-length", "8", "--output", "{tmp}"],
         ["validation perplexity", "sample:", "saved", "exported"],
     ),
+    "layer_drop.py": (
+        ["--steps", "2", "--num-layers", "2", "--hidden-dim", "16", "--num-heads", "2",
+         "--sequence-length", "16", "--batch-size", "4", "--max-characters", "20000",
+         "--eval-examples", "4"],
+        ["validation loss", "layer drop 0.20", "no layer drop", "time:"],
+    ),
     "export_savedmodel.py": (["--steps", "2", "--output", "{tmp}"], ["outputs match"]),
     "checkpoint_finetune.py": (
         ["--steps", "2", "--sequence-length", "16", "--batch-size", "2", "--window", "4",

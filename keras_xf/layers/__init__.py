@@ -24,6 +24,9 @@ from keras_xf.layers.attention.relative_position_embedding import RelativePositi
 from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
+from keras_xf.layers.blocks.layer_drop import LayerDrop
+from keras_xf.layers.blocks.layer_fusion import LayerFusion
+from keras_xf.layers.blocks.multistep_residual import MultiStepResidual
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.class_token import ClassToken

@@ -2,6 +2,7 @@
 
 from keras_xf.models.causal_lm import CausalLM
 from keras_xf.models.generative_task import GenerativeTask
+from keras_xf.models.layer_pruning import prune_layers
 from keras_xf.models.presets import PRESETS
 from keras_xf.models.presets import preset_names
 from keras_xf.models.seq2seq_backbone import Seq2SeqBackbone

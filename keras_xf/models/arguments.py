@@ -6,11 +6,13 @@ One argument name means one thing in every model (`hidden_dim` is a positive int
 everywhere), so each is checked here once, with the same message in every model.
 """
 
+import inspect
 import sys
 
 import keras
 import numpy as np
 
+from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.heads.pooling import MODES
 from keras_xf.layers.residual.residual import NORMALIZATIONS
 from keras_xf.models.block_factory import default_block
@@ -76,6 +78,25 @@ def check_model_arguments(arguments):
             raise ValueError(
                 f"{name} must be None or one of {choices}. Received: {name}={arguments[name]!r}"
             )
+
+
+# `TransformerStack` arguments that a model sets itself, never through `stack_options`.
+MODEL_STACK_ARGUMENTS = ("self", "block", "num_layers", "share_attention_maps", "kwargs")
+
+
+def check_stack_options(stack_options):
+    """`None`, or a dict of `TransformerStack` arguments other than those the model sets
+    itself (`block`, `num_layers`, `share_attention_maps`); returned as a plain dict."""
+    if stack_options is None:
+        return None
+    allowed = sorted(set(inspect.signature(TransformerStack.__init__).parameters)
+                     - set(MODEL_STACK_ARGUMENTS))
+    if not isinstance(stack_options, dict) or set(stack_options) - set(allowed):
+        raise ValueError(
+            f"stack_options must be None or a dict with keys among {allowed}. Received: "
+            f"stack_options={stack_options!r}"
+        )
+    return dict(stack_options)
 
 
 def check_image_shape(image_shape, patch_size):

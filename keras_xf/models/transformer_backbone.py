@@ -7,6 +7,7 @@ from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.models.arguments import block_template
 from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import check_stack_options
 from keras_xf.models.arguments import record_config
 from keras_xf.models.arguments import takes_segment_ids
 from keras_xf.models.arguments import token_inputs
@@ -57,6 +58,10 @@ class TransformerBackbone(FunctionalModel):
         position_offset: int, token `j` takes absolute position `j + position_offset`
             (learned or sinusoidal positions; RoBERTa starts at row 2). With learned
             positions the longest input is `max_sequence_length - position_offset`.
+        stack_options: optional dict of further `TransformerStack` arguments (e.g.
+            `{"fusion": "weighted_sum"}`, `{"layer_drop": 0.2}`, `{"share_layers": "all"}`,
+            `{"multistep": "adams_bashforth_2"}`); `keras_xf.models.prune_layers` builds
+            the model again with a subset of its layers.
         dtype: a dtype policy name or object.
 
     Inputs: `{"token_ids": int [B, T], "padding_mask": [B, T]}`, and `"segment_ids": int
@@ -94,10 +99,12 @@ class TransformerBackbone(FunctionalModel):
         embedding_normalization=None,
         embedding_epsilon=1e-5,
         position_offset=0,
+        stack_options=None,
         dtype=None,
         **kwargs,
     ):
         check_model_arguments(locals())
+        stack_options = check_stack_options(stack_options)
         block = block_template(block, locals())
         template = prepare_block(block, position)
         policy = layer_dtype(dtype)
@@ -124,6 +131,7 @@ class TransformerBackbone(FunctionalModel):
             share_attention_maps=share_attention_maps,
             dtype=policy,
             name="transformer_stack",
+            **(stack_options or {}),
         )
 
         # Functional model

@@ -1,6 +1,7 @@
 """A stack of Transformer layers cloned from one template block (survey §2.1, §5.4)."""
 
 import keras
+from keras import ops
 
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.block_contract import PassesMixerArguments
@@ -9,6 +10,15 @@ from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
+from keras_xf.layers.blocks.layer_drop import RESCALES
+from keras_xf.layers.blocks.layer_drop import LayerDrop
+from keras_xf.layers.blocks.layer_fusion import LayerFusion
+from keras_xf.layers.blocks.layer_fusion import check_fusion
+from keras_xf.layers.blocks.layer_sharing import layer_owners
+from keras_xf.layers.blocks.layer_sharing import prune_stack
+from keras_xf.layers.blocks.multistep_residual import MultiStepResidual
+from keras_xf.layers.blocks.multistep_residual import check_multistep
+from keras_xf.layers.blocks.multistep_residual import layer_coefficients
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
@@ -16,6 +26,8 @@ from keras_xf.layers.cloning import serialize_layer
 from keras_xf.layers.residual.residual import make_normalization
 from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_rank
+from keras_xf.ops.checks import check_rate
+from keras_xf.ops.checks import check_seed
 
 # The layers a stack is made of; each has `mixer`, `normalization`, `norm_placement`, `epsilon`.
 BLOCKS = (TransformerBlock, GatedCrossAttentionBlock)
@@ -106,6 +118,22 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     each layer). Cached decoding and generation work as without sharing; there is one set
     of weights to train.
 
+    Depth options (survey §4.2.3, §4.2.4, §4.3, §5.4; `docs/design.md`). A layer's
+    increment is `f^l = Block^l(Z^l) − Z^l`, `Z^l` its input, `z^0` the stack's input.
+    - Layer fusion (`fusion`): `Z^1 = z^0`, `Z^{l+1} = φ_l(z^0, …, z^l)`, and the output is
+      `Z^{L+1}`; `φ` one of the survey's table (`LayerFusion`), `LNorm(φ)` with
+      `fusion_normalization`.
+    - Layer drop (`layer_drop = p = 1 − ρ`): in training `z^l = Z^l + g·f^l`, `g ~
+      Bernoulli(ρ)` per example, a multiplicative gate (every layer is computed; no branch
+      on tensors, so it compiles under XLA); at inference `z^l = Z^l + ρ·f^l`, the survey's
+      rescaling (`LayerDrop`). `prune(layers)` keeps a subset of the layers.
+    - Parameter sharing (`share_layers`): `θ^{l_1} = … = θ^{l_n}` for the layers of a group;
+      shared layers are the same block object, counted and saved once.
+    - Linear multi-step residuals (`multistep`): `z^l = Σ_i a_i z^{l−i} + Σ_i b_i f^{l−i+1}`
+      (`MultiStepResidual`, Adams–Bashforth presets or given coefficients, learned with
+      `learn_multistep`).
+    All of them work with caches (they act on each position alone) and any mixer.
+
     Args:
         block: a `TransformerBlock` or `GatedCrossAttentionBlock` (or its serialised config)
             used as the template, or a non-empty list of templates used in turn; the
@@ -117,6 +145,17 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         share_score_biases: bool, all layers use the first layer's score biases (their
             `MultiHeadAttention` mixers must have equally many); `False` gives each layer
             its own copy.
+        fusion: `None`, `"average"`, `"weighted_sum"`, `"feedforward"` or `"attention"`.
+        fusion_normalization: `None` or a normalisation name (`"layer_norm"`, …).
+        layer_drop: float in `[0, 1)`, the probability of skipping a layer in training.
+        layer_drop_rescale: `"inference"` (multiply increments by `ρ` at inference, the
+            survey's form) or `"training"` (divide kept increments by `ρ` in training).
+        layer_drop_seed: optional int seed of the layer-drop gates.
+        share_layers: `None`, `"all"`, an int `k` (layer `l` uses the weights of layer
+            `l mod k`), or a list of `num_layers` group names (equal names share).
+        multistep: `None`, `"adams_bashforth_1"` … `"adams_bashforth_4"`, or
+            `{"a": [a_1, …], "b": [b_1, …]}`.
+        learn_multistep: bool, the multi-step coefficients are trained.
         **kwargs: base `Layer` arguments.
 
     Call arguments:
@@ -145,7 +184,9 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     """
 
     def __init__(self, block, num_layers, final_norm=None, share_attention_maps=1,
-                 share_score_biases=False, **kwargs):
+                 share_score_biases=False, fusion=None, fusion_normalization=None,
+                 layer_drop=0.0, layer_drop_rescale="inference", layer_drop_seed=None,
+                 share_layers=None, multistep=None, learn_multistep=False, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"num_layers must be a positive int. Received: num_layers={num_layers}")
@@ -159,9 +200,15 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         self.num_layers = num_layers
         norm_placement = template.norm_placement
         self.final_norm = norm_placement == "pre" if final_norm is None else bool(final_norm)
+        owners = layer_owners(share_layers, num_layers)
+        self.share_layers = list(share_layers) if isinstance(share_layers, (list, tuple)) else (
+            share_layers)
         self.blocks = []
         dtype = keras.dtype_policies.serialize(self.dtype_policy)
         for index in range(num_layers):
+            if owners[index] != index:  # the same layer object: one set of weights
+                self.blocks.append(self.blocks[owners[index]])
+                continue
             config = templates[index % len(templates)]
             if self.share_score_biases and index:
                 config = _without_biases(config)
@@ -180,6 +227,55 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 self.dtype_policy,
                 "output_norm",
             )
+        self._build_depth_options(template, fusion, fusion_normalization, layer_drop,
+                                  layer_drop_rescale, layer_drop_seed, multistep, learn_multistep)
+
+    def _build_depth_options(self, template, fusion, fusion_normalization, layer_drop,
+                             layer_drop_rescale, layer_drop_seed, multistep, learn_multistep):
+        """The layers of fusion, layer drop and multi-step residuals (survey §4.2.3, §4.2.4,
+        §4.3)."""
+        check_fusion(fusion, fusion_normalization)
+        self.multistep = check_multistep(multistep)
+        if not isinstance(learn_multistep, bool):
+            raise ValueError(f"learn_multistep must be a bool. Received: "
+                             f"learn_multistep={learn_multistep!r}")
+        if fusion is not None and self.multistep is not None:
+            raise ValueError(
+                "fusion and multistep both define how a layer combines the earlier layer "
+                f"outputs; pass one of them. Received: fusion={fusion!r}, "
+                f"multistep={multistep!r}"
+            )
+        self.fusion = fusion
+        self.fusion_normalization = fusion_normalization
+        self.learn_multistep = learn_multistep
+        check_rate("layer_drop", layer_drop)
+        if layer_drop_rescale not in RESCALES:
+            raise ValueError(f"layer_drop_rescale must be one of {RESCALES}. Received: "
+                             f"layer_drop_rescale={layer_drop_rescale!r}")
+        self.layer_drop_rescale = layer_drop_rescale
+        self.layer_drop_seed = check_seed(layer_drop_seed, "layer_drop_seed")
+        dropper = LayerDrop(layer_drop, layer_drop_rescale, self.layer_drop_seed,
+                            dtype=self.dtype_policy, name="layer_drop")
+        self.layer_drop = dropper.rate
+        # Without layer drop the stack holds no seed generator (no extra variable).
+        self.layer_dropper = dropper if self.layer_drop else None
+        # Fusion `l` makes the input of layer `l + 1` (the stack's output for the last).
+        self.fusions = []
+        if fusion is not None:
+            self.fusions = [
+                LayerFusion(fusion, index + 2, normalization=fusion_normalization,
+                            epsilon=template.epsilon, dtype=self.dtype_policy,
+                            name=f"fusion_{index}")
+                for index in range(self.num_layers)
+            ]
+        self.multisteps = []
+        if self.multistep is not None:
+            self.multisteps = [
+                MultiStepResidual(*layer_coefficients(self.multistep, index),
+                                  trainable_coefficients=learn_multistep,
+                                  dtype=self.dtype_policy, name=f"multistep_{index}")
+                for index in range(self.num_layers)
+            ]
 
     def _templates(self):
         """The serialised template configs: layer `l` is built from `templates[l % len]`."""
@@ -187,10 +283,37 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         return config if isinstance(config, list) else [config]
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
-        for block in self.blocks:
+        for block in self.distinct_blocks:
             block.build(inputs_shape, encoder_outputs_shape)
+        layers_shape = tuple(inputs_shape[:-1])
+        for fusion in self.fusions:
+            fusion.build(layers_shape + (fusion.num_inputs, inputs_shape[-1]))
+        for index, step in enumerate(self.multisteps):
+            steps = layers_shape + (index + 1, inputs_shape[-1])
+            step.build(steps, steps)
         if self.output_norm is not None:
             self.output_norm.build(inputs_shape)
+
+    @property
+    def distinct_blocks(self):
+        """The blocks that hold weights: one per group of layers sharing parameters."""
+        seen = []
+        for block in self.blocks:
+            if not any(block is other for other in seen):
+                seen.append(block)
+        return seen
+
+    @property
+    def _combines_layers(self):
+        """Whether a layer's output is more than its block's output (layer drop, multi-step
+        residuals or fusion), which needs every layer's full outputs."""
+        return bool(self.fusions or self.multisteps or self.layer_drop)
+
+    def prune(self, layers):
+        """A new stack with the layers `layers` only (sorted, distinct 0-based indices), each
+        keeping its weights: the pruning of dropped layers at inference (survey §4.2.4).
+        See `layer_sharing.prune_stack`."""
+        return prune_stack(self, layers)
 
     def init_cache(self, batch_size, max_length, dtype=None, encoder_length=None):
         """A tuple with one cache per block."""
@@ -243,14 +366,20 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         shared_weights = None
         # The last block computes the first positions itself, or the stack slices its outputs.
         last_rows = output_length
-        if self._computes_biases_once or not isinstance(self.blocks[-1], TransformerBlock):
+        if (self._computes_biases_once or self._combines_layers
+                or not isinstance(self.blocks[-1], TransformerBlock)):
             last_rows = None
+        states, increments = [inputs], []
         for index, block in enumerate(self.blocks):
             sharing = self._sharing_arguments(index, shared_weights)
             last = last_rows is not None and index == self.num_layers - 1
             rows = {"output_length": last_rows} if last else {}
+            layer_inputs = outputs
+            if self.fusions and index:
+                layer_inputs = self.fusions[index - 1](ops.stack(states, axis=-2),
+                                                       training=training)
             results = block(
-                outputs,
+                layer_inputs,
                 padding_mask=padding_mask,
                 attention_mask=attention_mask,
                 encoder_outputs=encoder_outputs,
@@ -263,6 +392,10 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 **dict(kwargs, **sharing),
             )
             outputs, layer_cache, extras = split_results(results, cache is not None)
+            outputs = self._layer_outputs(index, layer_inputs, outputs, states, increments,
+                                          training)
+            if self.fusions or self.multisteps:
+                states.append(outputs)
             new_caches.append(layer_cache)
             if extras is None:
                 continue
@@ -271,9 +404,25 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
             if "return_attention_scores" not in sharing or kwargs.get("return_attention_scores"):
                 for key, value in extras.items():
                     collected.setdefault(key, [None] * self.num_layers)[index] = value
+        if self.fusions:
+            outputs = self.fusions[-1](ops.stack(states, axis=-2), training=training)
         if output_length is not None and last_rows is None:
             outputs = outputs[:, :output_length]
         return outputs, new_caches, collected
+
+    def _layer_outputs(self, index, layer_inputs, block_outputs, states, increments, training):
+        """`z^l` from the block's output: with layer drop or multi-step residuals, from the
+        increment `f^l = Block^l(Z^l) − Z^l` (`increments` is kept newest first)."""
+        if not self.layer_drop and not self.multisteps:
+            return block_outputs
+        increment = block_outputs - layer_inputs
+        if self.layer_dropper is not None:
+            increment = self.layer_dropper(increment, training=training)
+        if not self.multisteps:
+            return layer_inputs + increment
+        increments.insert(0, increment)
+        return self.multisteps[index](ops.stack(states[::-1], axis=-2),
+                                      ops.stack(increments, axis=-2))
 
     def _results(self, outputs, new_caches, collected, has_cache):
         if not collected:
@@ -324,6 +473,14 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 "final_norm": self.final_norm,
                 "share_attention_maps": self.share_attention_maps,
                 "share_score_biases": self.share_score_biases,
+                "fusion": self.fusion,
+                "fusion_normalization": self.fusion_normalization,
+                "layer_drop": self.layer_drop,
+                "layer_drop_rescale": self.layer_drop_rescale,
+                "layer_drop_seed": self.layer_drop_seed,
+                "share_layers": self.share_layers,
+                "multistep": self.multistep,
+                "learn_multistep": self.learn_multistep,
             }
         )
         return config
