@@ -24,6 +24,9 @@ from keras_xf.layers.attention.relative_position_embedding import RelativePositi
 from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
+from keras_xf.layers.blocks.reversible_block import ReversibleBlock
+from keras_xf.layers.blocks.reversible_stack import ReversibleStack
+from keras_xf.layers.blocks.runge_kutta_block import RungeKuttaBlock
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.class_token import ClassToken
@@ -53,3 +56,4 @@ from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
 from keras_xf.layers.normalization.offset_rms_normalization import OffsetRMSNormalization
 from keras_xf.layers.residual.residual import Residual
+from keras_xf.layers.residual.runge_kutta_residual import RungeKuttaResidual
