@@ -119,7 +119,7 @@ def test_weight_gradients_equal_autodiff(rng):
             fixed = [v.value for v in stack.non_trainable_variables]
             outputs, _ = stack.stateless_call(list(values), fixed, inputs, use_causal_mask=True,
                                               padding_mask=keras.ops.convert_to_tensor(mask))
-            return keras.ops.sum(outputs * probe)
+            return keras.ops.sum(keras.ops.multiply(outputs, keras.ops.convert_to_tensor(probe)))
 
         return function
 
