@@ -1,7 +1,5 @@
 """Numpy oracle for survey §4.3 (Runge–Kutta sub-layers) and §5.4 (reversible layers)."""
 
-import numpy as np
-
 # The survey's RK4 (§4.3) and the second-order methods, written out stage by stage.
 
 

@@ -89,7 +89,7 @@ class ReversibleBlock(PassesMixerArguments, keras.layers.Layer):
             if not layer.built:
                 layer.build(stream_shape)
 
-    def _feedforward_kwargs(self, padding_mask):
+    def feedforward_kwargs(self, padding_mask):
         """The padding mask for a feedforward that takes one (`uses_padding_mask`)."""
         if padding_mask is None or not self.feedforward.uses_padding_mask:
             return {}
@@ -150,7 +150,7 @@ class ReversibleBlock(PassesMixerArguments, keras.layers.Layer):
             return split_results(results["mixer"], cache is not None)[0]
 
         def g(y1):
-            ff_kwargs = {} if cache is not None else self._feedforward_kwargs(padding_mask)
+            ff_kwargs = {} if cache is not None else self.feedforward_kwargs(padding_mask)
             return self.feedforward(self.feedforward_norm(y1), training=training, **ff_kwargs)
 
         outputs = couple(inputs, f, g)

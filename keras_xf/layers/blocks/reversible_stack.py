@@ -174,7 +174,7 @@ class ReversibleStack(PassesMixerArguments, keras.layers.Layer):
 
         def branches(block, values):
             f_values, g_values = values
-            ff_kwargs = block._feedforward_kwargs(padding_mask)
+            ff_kwargs = block.feedforward_kwargs(padding_mask)
             return (lambda x, *w: block.apply_branch(0, w, x, training=training, **named),
                     lambda x, *w: block.apply_branch(1, w, x, training=training, **ff_kwargs),
                     f_values, g_values)

@@ -1,6 +1,5 @@
 """RungeKuttaResidual: `z + Σ γ_i g_i`, `g_i = h f(z + Σ β_ij g_j)` (survey §4.3)."""
 
-import keras
 import numpy as np
 import pytest
 
