@@ -27,6 +27,9 @@ from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttenti
 from keras_xf.layers.blocks.layer_drop import LayerDrop
 from keras_xf.layers.blocks.layer_fusion import LayerFusion
 from keras_xf.layers.blocks.multistep_residual import MultiStepResidual
+from keras_xf.layers.blocks.reversible_block import ReversibleBlock
+from keras_xf.layers.blocks.reversible_stack import ReversibleStack
+from keras_xf.layers.blocks.runge_kutta_block import RungeKuttaBlock
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.class_token import ClassToken
@@ -56,3 +59,4 @@ from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
 from keras_xf.layers.normalization.offset_rms_normalization import OffsetRMSNormalization
 from keras_xf.layers.residual.residual import Residual
+from keras_xf.layers.residual.runge_kutta_residual import RungeKuttaResidual

@@ -102,18 +102,7 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         self.norm_placement = norm_placement
         self.dropout = dropout
         self.epsilon = epsilon
-
-        def residual(layer, name):
-            return Residual(
-                layer,
-                norm_placement=norm_placement,
-                normalization=normalization,
-                dropout=dropout,
-                epsilon=epsilon,
-                dtype=self.dtype_policy,
-                name=name,
-            )
-
+        residual = self.make_residual
         self.mixer_residual = residual(mixer, "mixer_residual")
         self.cross_attention_residual = None
         if cross_attention is not None:
@@ -121,6 +110,19 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         self.feedforward_residual = None
         if feedforward is not None:
             self.feedforward_residual = residual(feedforward, "feedforward_residual")
+
+    def make_residual(self, layer, name):
+        """The wrapper of one sub-layer, a `Residual`; a subclass may return another
+        residual form with `Residual`'s call contract (`RungeKuttaBlock`)."""
+        return Residual(
+            layer,
+            norm_placement=self.norm_placement,
+            normalization=self.normalization,
+            dropout=self.dropout,
+            epsilon=self.epsilon,
+            dtype=self.dtype_policy,
+            name=name,
+        )
 
     @property
     def mixer(self):
