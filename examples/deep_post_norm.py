@@ -181,8 +181,8 @@ def main():
                 status = "learns" if valid < unigram - 0.05 else "does not learn"
             print(f"{depth} layers, {variant}: first loss {losses[0]:.3f}, final training "
                   f"loss {losses[-1]:.3f}, validation loss {valid:.3f} ({status})")
-    if args.results:
-        save_results(results, args.results)
+            if args.results:  # after each model, so that a cut-short run keeps its curves
+                save_results(results, args.results)
     draw(results, args)
     print(f"wrote {args.output}")
     print(f"time: {time.perf_counter() - start:.0f} s")
