@@ -119,7 +119,7 @@ def draw(results, args):
             losses, _, finite = results[(depth, variant)]
             steps = np.arange(1, len(losses) + 1) * args.log_every
             label = variant if finite else f"{variant} (diverged)"
-            axis.plot(steps, losses, label=label)
+            axis.plot(steps, losses, label=label, color=f"C{VARIANTS.index(variant)}")
         axis.axhline(results["unigram"], color="gray", linestyle=":", label="unigram model")
         axis.set_title(f"{depth}-layer CausalLM, d={args.hidden_dim}, Adam {args.learning_rate}")
         axis.set_xlabel("training step")
