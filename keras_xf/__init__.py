@@ -3,6 +3,7 @@
 from keras_xf import datasets
 from keras_xf import distribution
 from keras_xf import generation
+from keras_xf import initializers
 from keras_xf import layers
 from keras_xf import models
 from keras_xf import ops

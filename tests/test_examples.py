@@ -68,6 +68,12 @@ TINY_RUNS = {
          "--verbose", "0"],
         ["prefix exact-answer accuracy", "cross_attention exact-answer accuracy", "time:"],
     ),
+    "deep_post_norm.py": (
+        ["--depths", "2", "--steps", "2", "--log-every", "1", "--max-characters", "5000",
+         "--sequence-length", "8", "--batch-size", "4", "--hidden-dim", "8",
+         "--output", "{tmp}/curves.png"],
+        ["2 layers, post:", "2 layers, deep_norm:", "validation loss", "wrote"],
+    ),
 }
 TIMEOUT_SECONDS = 300  # generous: a tiny run is short, but the machine may be shared.
 

@@ -58,5 +58,7 @@ from keras_xf.layers.mixers.recurrent_mixer import RecurrentMixer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.mixers.state_space_mixer import StateSpaceMixer
 from keras_xf.layers.normalization.offset_rms_normalization import OffsetRMSNormalization
+from keras_xf.layers.residual.deep_norm import DeepNorm
+from keras_xf.layers.residual.deep_norm import deep_norm
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.residual.runge_kutta_residual import RungeKuttaResidual

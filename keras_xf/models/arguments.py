@@ -81,12 +81,14 @@ def check_model_arguments(arguments):
 
 
 # `TransformerStack` arguments that a model sets itself, never through `stack_options`.
-MODEL_STACK_ARGUMENTS = ("self", "block", "num_layers", "share_attention_maps", "kwargs")
+MODEL_STACK_ARGUMENTS = ("self", "block", "num_layers", "share_attention_maps", "depth_initialization",
+                         "kwargs")
 
 
 def check_stack_options(stack_options):
     """`None`, or a dict of `TransformerStack` arguments other than those the model sets
-    itself (`block`, `num_layers`, `share_attention_maps`); returned as a plain dict."""
+    itself (`block`, `num_layers`, `share_attention_maps`, `depth_initialization`); returned
+    as a plain dict."""
     if stack_options is None:
         return None
     allowed = sorted(set(inspect.signature(TransformerStack.__init__).parameters)

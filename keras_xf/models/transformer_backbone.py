@@ -48,6 +48,9 @@ class TransformerBackbone(FunctionalModel):
         embedding_scale: bool, scale token embeddings by `√d`.
         share_attention_maps: int `k`, consecutive layers sharing one attention map (survey
             §5.4; see `TransformerStack`); 1 = no sharing.
+        depth_initialization: optional dict, the stack's depth-aware initialisation of its
+            projection kernels (survey §4.2.2; see `TransformerStack`), e.g.
+            `deep_norm(decoder_layers=L)["decoder"].depth_initialization()`.
         num_segments: optional int, a learned segment (token-type) embedding `S` added to
             every token, `e_j += S[s_j]` (BERT's sentence pairs). With 2 or more segments the
             model takes a `segment_ids` input; with 1, every token is segment 0 and there is
@@ -95,6 +98,7 @@ class TransformerBackbone(FunctionalModel):
         tie_embeddings=True,
         embedding_scale=False,
         share_attention_maps=1,
+        depth_initialization=None,
         num_segments=None,
         embedding_normalization=None,
         embedding_epsilon=1e-5,
@@ -129,6 +133,7 @@ class TransformerBackbone(FunctionalModel):
             template,
             num_layers,
             share_attention_maps=share_attention_maps,
+            depth_initialization=depth_initialization,
             dtype=policy,
             name="transformer_stack",
             **(stack_options or {}),

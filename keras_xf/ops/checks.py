@@ -307,3 +307,11 @@ def token_sample_weight(sample_weight, labels_shape):
     while len(sample_weight.shape) < len(expected):
         sample_weight = sample_weight[..., None]
     return sample_weight
+
+
+def check_finite_number(name, value):
+    """A finite real number of any sign (an exponent, a signed weight), not a bool."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number. Received: {name}={value!r}")
+    return value

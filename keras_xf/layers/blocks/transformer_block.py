@@ -15,6 +15,7 @@ from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.residual.residual import Residual
 from keras_xf.layers.residual.residual import validate_normalization
+from keras_xf.layers.residual.residual import validate_residual_weights
 from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_rank
@@ -26,7 +27,9 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
 
     Encoder layer: `H' = Layer_ffn(Layer_self(H))`; decoder layer:
     `S' = Layer_ffn(Layer_cross(H_enc, Layer_self(S)))` (survey §2.1, §2.6), where each
-    `Layer_F` is post-norm `LNorm(F(x) + x)` or pre-norm `F(LNorm(x)) + x` (§2.4).
+    `Layer_F` is post-norm `LNorm(F(x) + x)` or pre-norm `F(LNorm(x)) + x` (§2.4), or one
+    of the deep-model forms of `Residual` (§4.2.1: weighted `LNorm(F(x) + β·x) + γ·x` and
+    DeepNorm, the sandwich norm `"pre_and_post"`, ReZero).
 
     Args:
         mixer: a `SequenceMixer` (e.g. `MultiHeadAttention`), or its serialised config.
@@ -36,9 +39,12 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         cross_attention: optional `SequenceMixer` (a `MultiHeadAttention`) attending to
             `encoder_outputs`.
         normalization: `"layer_norm"`, `"rms_norm"` or `"offset_rms_norm"` (see `Residual`).
-        norm_placement: `"post"` (survey default) or `"pre"`.
+        norm_placement: `"post"` (survey default), `"pre"`, `"weighted"`,
+            `"pre_and_post"` or `"rezero"` (see `Residual`).
         dropout: residual dropout rate.
         epsilon: normalisation epsilon.
+        inner_weight, outer_weight, learned_weights: β, γ and whether they are learned, for
+            `norm_placement="weighted"` (see `Residual`); each sub-layer has its own.
         **kwargs: base `Layer` arguments.
 
     Call arguments:
@@ -84,10 +90,14 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         norm_placement="post",
         dropout=0.0,
         epsilon=1e-5,
+        inner_weight=1.0,
+        outer_weight=0.0,
+        learned_weights=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         validate_normalization(normalization, norm_placement, dropout, epsilon)
+        validate_residual_weights(norm_placement, inner_weight, outer_weight, learned_weights)
         mixer = as_layer(mixer, "mixer", kind=SequenceMixer)
         feedforward = as_layer(feedforward, "feedforward", optional=True, kind=FeedForwardLayer)
         cross_attention = as_layer(
@@ -102,6 +112,10 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
         self.norm_placement = norm_placement
         self.dropout = dropout
         self.epsilon = epsilon
+        self.inner_weight = inner_weight
+        self.outer_weight = outer_weight
+        self.learned_weights = learned_weights
+
         residual = self.make_residual
         self.mixer_residual = residual(mixer, "mixer_residual")
         self.cross_attention_residual = None
@@ -120,6 +134,9 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
             normalization=self.normalization,
             dropout=self.dropout,
             epsilon=self.epsilon,
+            inner_weight=self.inner_weight,
+            outer_weight=self.outer_weight,
+            learned_weights=self.learned_weights,
             dtype=self.dtype_policy,
             name=name,
         )
@@ -290,6 +307,9 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
                 "norm_placement": self.norm_placement,
                 "dropout": self.dropout,
                 "epsilon": self.epsilon,
+                "inner_weight": self.inner_weight,
+                "outer_weight": self.outer_weight,
+                "learned_weights": self.learned_weights,
             }
         )
         return config

@@ -9,6 +9,7 @@ from keras_xf.layers.block_contract import first_positions
 from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
+from keras_xf.layers.blocks import depth_initialization as depth_init
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
 from keras_xf.layers.blocks.layer_drop import RESCALES
 from keras_xf.layers.blocks.layer_drop import LayerDrop
@@ -23,6 +24,7 @@ from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import serialize_layer
+from keras_xf.layers.residual.residual import FINAL_NORM_PLACEMENTS
 from keras_xf.layers.residual.residual import make_normalization
 from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_rank
@@ -156,6 +158,16 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         multistep: `None`, `"adams_bashforth_1"` … `"adams_bashforth_4"`, or
             `{"a": [a_1, …], "b": [b_1, …]}`.
         learn_multistep: bool, the multi-step coefficients are trained.
+        depth_initialization: `None` (each layer keeps its own initializers), or a dict
+            that re-draws every projection kernel (`Dense`, `EinsumDense`) of each
+            `TransformerBlock` when the stack is built, by Xavier with a depth-dependent
+            gain (survey §4.2.2; `keras_xf.initializers`): `{"method": "model_depth", "a",
+            "b"}` gives `gain = a·L^b`; `{"method": "sub_layer_depth", "a", "b"}` gives
+            `gain = a / l^b`, the sub-layers numbered `l = 1, 2, …` over the stack;
+            `{"method": "deep_norm", "beta"}` gives DeepNorm's gain β (default `(8L)^{-1/4}`,
+            see `deep_norm`) to the value, output and feedforward projections and gain 1 to
+            the queries and keys. `"distribution"`: `"uniform"` or `"normal"` (default
+            uniform, normal for DeepNorm).
         **kwargs: base `Layer` arguments.
 
     Call arguments:
@@ -186,7 +198,8 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     def __init__(self, block, num_layers, final_norm=None, share_attention_maps=1,
                  share_score_biases=False, fusion=None, fusion_normalization=None,
                  layer_drop=0.0, layer_drop_rescale="inference", layer_drop_seed=None,
-                 share_layers=None, multistep=None, learn_multistep=False, **kwargs):
+                 share_layers=None, multistep=None, learn_multistep=False,
+                 depth_initialization=None, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"num_layers must be a positive int. Received: num_layers={num_layers}")
@@ -199,7 +212,8 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         self.share_score_biases = _validate_bias_sharing(share_score_biases, templates)
         self.num_layers = num_layers
         norm_placement = template.norm_placement
-        self.final_norm = norm_placement == "pre" if final_norm is None else bool(final_norm)
+        self.final_norm = (norm_placement in FINAL_NORM_PLACEMENTS if final_norm is None
+                           else bool(final_norm))
         owners = layer_owners(share_layers, num_layers)
         self.share_layers = list(share_layers) if isinstance(share_layers, (list, tuple)) else (
             share_layers)
@@ -219,6 +233,9 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         # gives it key positions of its own.
         self._computes_biases_once = self.share_score_biases and all(
             getattr(block.mixer.pattern, "cache_slots", None) is None for block in self.blocks)
+        self.depth_initialization = depth_init.check_depth_initialization(depth_initialization)
+        if self.depth_initialization is not None:
+            depth_init.check_blocks(self.blocks)
         self.output_norm = None
         if self.final_norm:
             self.output_norm = make_normalization(
@@ -293,6 +310,12 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
             step.build(steps, steps)
         if self.output_norm is not None:
             self.output_norm.build(inputs_shape)
+        self._initialize_by_depth()
+
+    def _initialize_by_depth(self):
+        """Re-draws the blocks' projection kernels by `depth_initialization` (survey §4.2.2)."""
+        if self.depth_initialization is not None:
+            depth_init.initialize_by_depth(self.blocks, self.depth_initialization)
 
     @property
     def distinct_blocks(self):
@@ -481,6 +504,8 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 "share_layers": self.share_layers,
                 "multistep": self.multistep,
                 "learn_multistep": self.learn_multistep,
+                "depth_initialization": None if self.depth_initialization is None
+                else dict(self.depth_initialization),
             }
         )
         return config
