@@ -81,8 +81,8 @@ def check_model_arguments(arguments):
 
 
 # `TransformerStack` arguments that a model sets itself, never through `stack_options`.
-MODEL_STACK_ARGUMENTS = ("self", "block", "num_layers", "share_attention_maps", "depth_initialization",
-                         "kwargs")
+MODEL_STACK_ARGUMENTS = ("self", "block", "num_layers", "share_attention_maps",
+                         "depth_initialization", "kwargs")
 
 
 def check_stack_options(stack_options):
