@@ -36,7 +36,8 @@ RATES = ("dropout", "head_dropout")
 CHOICES = {"pooling": MODES}
 OPTIONAL_CHOICES = {"embedding_normalization": NORMALIZATIONS}
 FLAGS = ("causal", "tie_embeddings", "embedding_scale", "share_embeddings", "class_token",
-         "class_token_position", "normalize", "gated_cross_attention", "share_score_biases")
+         "class_token_position", "normalize", "gated_cross_attention", "share_score_biases",
+         "reversible")
 # The arguments of `default_block` that a model takes under the same names.
 BLOCK_ARGUMENTS = ("num_heads", "intermediate_dim", "num_key_value_heads", "activation",
                    "norm_placement", "normalization", "dropout")
@@ -259,3 +260,16 @@ class _Shaped:
 
     def __init__(self, value):
         self.shape = _shape(value)
+
+
+def check_reversible_arguments(share_attention_maps, depth_initialization, stack_options):
+    """A reversible backbone takes none of `TransformerStack`'s own options."""
+    given = {"share_attention_maps": share_attention_maps,
+             "depth_initialization": depth_initialization, "stack_options": stack_options}
+    defaults = {"share_attention_maps": 1, "depth_initialization": None, "stack_options": None}
+    for name, value in given.items():
+        if value != defaults[name]:
+            raise ValueError(
+                f"reversible=True builds a ReversibleStack, which has no {name}: it must be "
+                f"{defaults[name]!r}. Received: {name}={value!r}"
+            )

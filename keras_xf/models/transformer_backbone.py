@@ -3,10 +3,12 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.blocks.reversible_stack import ReversibleStack
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.models.arguments import block_template
 from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import check_reversible_arguments
 from keras_xf.models.arguments import check_stack_options
 from keras_xf.models.arguments import record_config
 from keras_xf.models.arguments import takes_segment_ids
@@ -65,6 +67,13 @@ class TransformerBackbone(FunctionalModel):
             `{"fusion": "weighted_sum"}`, `{"layer_drop": 0.2}`, `{"share_layers": "all"}`,
             `{"multistep": "adams_bashforth_2"}`); `keras_xf.models.prune_layers` builds
             the model again with a subset of its layers.
+        reversible: bool, a `ReversibleStack` in place of the `TransformerStack` (survey
+            §5.4): the block template's mixer and feedforward on two streams of reversible
+            layers, whose backward pass recomputes each layer's inputs from its outputs, so
+            that the activation memory of training does not grow with `num_layers`. The
+            template needs a feedforward, no cross-attention and `dropout=0`;
+            `share_attention_maps`, `depth_initialization` and `stack_options` belong to
+            `TransformerStack` and must keep their defaults.
         dtype: a dtype policy name or object.
 
     Inputs: `{"token_ids": int [B, T], "padding_mask": [B, T]}`, and `"segment_ids": int
@@ -104,11 +113,14 @@ class TransformerBackbone(FunctionalModel):
         embedding_epsilon=1e-5,
         position_offset=0,
         stack_options=None,
+        reversible=False,
         dtype=None,
         **kwargs,
     ):
         check_model_arguments(locals())
         stack_options = check_stack_options(stack_options)
+        if reversible:
+            check_reversible_arguments(share_attention_maps, depth_initialization, stack_options)
         block = block_template(block, locals())
         template = prepare_block(block, position)
         policy = layer_dtype(dtype)
@@ -129,15 +141,20 @@ class TransformerBackbone(FunctionalModel):
             dtype=policy,
             name="embeddings",
         )
-        self.transformer_stack = TransformerStack(
-            template,
-            num_layers,
-            share_attention_maps=share_attention_maps,
-            depth_initialization=depth_initialization,
-            dtype=policy,
-            name="transformer_stack",
-            **(stack_options or {}),
-        )
+        if reversible:
+            self.transformer_stack = ReversibleStack(
+                template, num_layers, dtype=policy, name="transformer_stack"
+            )
+        else:
+            self.transformer_stack = TransformerStack(
+                template,
+                num_layers,
+                share_attention_maps=share_attention_maps,
+                depth_initialization=depth_initialization,
+                dtype=policy,
+                name="transformer_stack",
+                **(stack_options or {}),
+            )
 
         # Functional model
         inputs = token_inputs(segments=takes_segment_ids(num_segments))
