@@ -3,19 +3,19 @@
 import keras
 
 
-def _strip_shared_ids(config, keys=("shared_object_id",)):
+def _strip_shared_ids(config):
     """A plain copy of a serialised config (dicts, lists and tuples rebuilt, leaves kept)
-    without Keras's `shared_object_id` markers (or whichever `keys`), so that deserialising
-    makes new objects instead of reusing ones seen before in the same saving or loading scope.
+    without Keras's `shared_object_id` markers, so that deserialising makes new objects
+    instead of reusing ones seen before in the same saving or loading scope.
 
     Not `copy.deepcopy`: a config kept as a layer attribute is a Keras tracked container
     whose tracker refers to the layer's sub-layers, and deep-copying it would pickle them."""
     if isinstance(config, dict):
-        return {k: _strip_shared_ids(v, keys) for k, v in config.items() if k not in keys}
+        return {k: _strip_shared_ids(v) for k, v in config.items() if k != "shared_object_id"}
     if isinstance(config, list):
-        return [_strip_shared_ids(v, keys) for v in config]
+        return [_strip_shared_ids(v) for v in config]
     if isinstance(config, tuple):
-        return tuple(_strip_shared_ids(v, keys) for v in config)
+        return tuple(_strip_shared_ids(v) for v in config)
     return config
 
 
@@ -29,9 +29,7 @@ def serialize_layer(layer):
 def clone_layer(layer, **config_overrides):
     """A new, unbuilt layer with the config of `layer` (a layer or a serialised dict), with
     `config_overrides` applied to its top-level config."""
-    # Without the build configs of a built layer (and of its sub-layers), which would build
-    # the copy as it is deserialised.
-    serialized = _strip_shared_ids(serialize_layer(layer), ("shared_object_id", "build_config"))
+    serialized = serialize_layer(layer)
     serialized["config"] = dict(serialized["config"], **config_overrides)
     return keras.saving.deserialize_keras_object(serialized)
 

@@ -70,19 +70,6 @@ def test_build_clones_the_template():
     assert tuple(stack.compute_output_shape((BATCH, LENGTH, WIDTH))) == (BATCH, LENGTH, WIDTH)
 
 
-@pytest.mark.parametrize("norm_placement", ["pre", "rezero"])
-def test_a_built_template_gives_fresh_unbuilt_clones(rng, norm_placement):
-    template = make_template(norm_placement=norm_placement)
-    inputs = make_inputs(rng)
-    template(inputs)
-    stack = TransformerStack(template, LAYERS)
-    assert not any(block.built for block in stack.blocks)
-    assert to_numpy(stack(inputs)).shape == (BATCH, LENGTH, WIDTH)
-    kernel = to_numpy(template.mixer.query_dense.kernel)
-    assert not any(np.allclose(to_numpy(block.mixer.query_dense.kernel), kernel)
-                   for block in stack.blocks)
-
-
 def test_clones_have_distinct_weights(rng):
     stack = make_stack()
     stack(make_inputs(rng))
