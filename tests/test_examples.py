@@ -69,7 +69,8 @@ TINY_RUNS = {
         ["prefix exact-answer accuracy", "cross_attention exact-answer accuracy", "time:"],
     ),
     "early_exit_genre.py": (
-        ["--per-genre", "16", "--validation-passages", "24", "--passage-length", "32",
+        ["--per-genre", "16", "--validation-passages", "24", "--passage-length", "64",
+         "--vocabulary-size", "64",
          "--epochs", "1", "--num-layers", "2", "--hidden-dim", "16", "--num-heads", "2",
          "--intermediate-dim", "32", "--timing-examples", "2", "--output", "{tmp}/e.png"],
         ["fixed depth", "entropy", "patience 1", "batch-1 time per passage", "wrote"],
