@@ -121,7 +121,7 @@ def seconds_per_passage(predictor, x):
     return float(np.median(times))
 
 
-def draw(curves, fixed, args):
+def draw(curves, fixed, majority, args):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,6 +133,8 @@ def draw(curves, fixed, args):
     for criterion, points in curves.items():
         points = sorted(points, key=lambda p: p[2])
         axis.plot([p[2] for p in points], [p[1] for p in points], "-o", label=criterion)
+    axis.axhline(majority, color="gray", linestyle=":", label="majority class")
+    axis.set_ylim(0.3, 1.0)
     axis.set_xlabel("average layers executed")
     axis.set_ylabel("held-out accuracy (3 genres)")
     axis.set_title(f"Early exit, {args.num_layers}-layer encoder, Shakespeare genre")
@@ -187,7 +189,7 @@ def main():
     print(f"batch-1 time per passage: all {args.num_layers} layers {1e3 * full:.2f} ms, "
           f"max_probability {best[0]} {1e3 * early:.2f} ms ({full / early:.2f}x; "
           f"average layers {best[2]:.2f}, accuracy {best[1]:.3f})")
-    draw(curves, fixed, args)
+    draw(curves, fixed, float(np.bincount(vy).max() / len(vy)), args)
     print(f"time: {time.time() - start:.0f} s")
 
 
