@@ -63,3 +63,41 @@ def load_text_corpus():
         return load_shakespeare(), "shakespeare"
     except FileNotFoundError:
         return load_stdlib_docstrings(), "python-docstrings"
+
+
+# The genre of each folder of plays; the Roman plays are tragedies, and the problem plays and
+# romances, whose genre is disputed, are left out.
+GENRE_FOLDERS = {"comedy": ("comedies",), "history": ("histories",),
+                 "tragedy": ("tragedies", "roman")}
+
+
+def plays_by_genre():
+    """`{genre: {play name: path}}` for the comedies, histories and tragedies."""
+    result = {genre: {} for genre in GENRE_FOLDERS}
+    for path in shakespeare_files():
+        for genre, folders in GENRE_FOLDERS.items():
+            if path.parent.name in folders:
+                result[genre][path.stem] = path
+    return result
+
+
+def genre_passages(passage_length, plays=None, exclude=()):
+    """Passages of `passage_length` characters (consecutive, not overlapping) of each play
+    with the index of its genre in `GENRE_FOLDERS` order: `(texts, labels, play names)`.
+
+    Args:
+        passage_length: int, characters per passage.
+        plays: optional names of the plays to use (file stems, e.g. `"macbeth"`).
+        exclude: names of plays to leave out.
+    """
+    texts, labels, names = [], [], []
+    for label, (genre, paths) in enumerate(plays_by_genre().items()):
+        for name, path in paths.items():
+            if (plays is not None and name not in plays) or name in exclude:
+                continue
+            text = _clean(path.read_text(encoding="utf-8"))
+            for start in range(0, len(text) - passage_length + 1, passage_length):
+                texts.append(text[start:start + passage_length])
+                labels.append(label)
+                names.append(name)
+    return texts, labels, names

@@ -46,6 +46,7 @@ from keras_xf.layers.feedforward.mixture_of_experts import MixtureOfExperts
 from keras_xf.layers.feedforward.product_key_memory import ProductKeyMemory
 from keras_xf.layers.feedforward.router import Router
 from keras_xf.layers.heads.classification_head import ClassificationHead
+from keras_xf.layers.heads.early_exit_heads import EarlyExitHeads
 from keras_xf.layers.heads.pooling import Pooling
 from keras_xf.layers.mixers.average_attention import AverageAttention
 from keras_xf.layers.mixers.conformer_convolution import ConformerConvolution

@@ -1,0 +1,169 @@
+"""Sequence classifier with early-exit classifiers on chosen layers (survey §5.6)."""
+
+import keras
+from keras import ops
+
+from keras_xf.layers.blocks.transformer_stack import TransformerStack
+from keras_xf.layers.heads.early_exit_heads import EarlyExitHeads
+from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import classifier_compile_defaults
+from keras_xf.models.arguments import record_config
+from keras_xf.models.arguments import task_backbone
+from keras_xf.models.arguments import token_inputs
+from keras_xf.models.backbone import FunctionalModel
+from keras_xf.models.transformer_backbone import TransformerBackbone
+from keras_xf.training.early_exit_loss import EarlyExitLoss
+from keras_xf.training.early_exit_loss import final_exit_accuracy
+
+EXIT_HEADS = ("per_layer", "shared")
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class EarlyExitClassifier(FunctionalModel):
+    """`p^l = Softmax(Head^l(Pool(s^l)))` at each exit layer `l` of an encoder.
+
+    An encoder classifier whose chosen layers each carry an early-exit classifier (survey
+    §5.6): the state `s^l` after layer `l` (normalised by the stack's final norm when it has
+    one, as the last layer's is) is pooled and classified. Trained with `fit` on the
+    weighted sum of the exits' cross-entropy losses (`EarlyExitLoss`, the default of
+    `compile`); `early_exit_predictor` gives the model that stops computing once an exit
+    criterion is met.
+
+    Args:
+        num_classes: int.
+        backbone: a non-causal `TransformerBackbone` with a plain `TransformerStack` (no
+            layer fusion, layer drop, multi-step residuals or shared attention maps, whose
+            layers are not single functions of their inputs), or its arguments as keywords.
+        exit_layers: optional list of increasing layer numbers `1 … L` carrying an exit; it
+            must end with the last layer `L` (the model's final prediction). Default: every
+            layer.
+        exit_heads: `"per_layer"` (default: an output layer per exit, `W_o^l`) or
+            `"shared"` (one output layer for every exit).
+        exit_loss_weights: optional list of non-negative floats, one per exit: their weights
+            in the training loss (`None`: 1 each).
+        pooling: `"cls"`, `"mean"` (default) or `"max"`.
+        head_intermediate_dim: optional hidden layer width in each head.
+        head_dropout: dropout before each output layer.
+        **kwargs: backbone arguments, or `name` / `dtype`.
+
+    Inputs: `{"token_ids", "padding_mask"}` (and `"segment_ids"` when the backbone takes
+    them). Outputs: float32 logits of every exit, `[B, E, num_classes]`, the last exit last.
+
+    Example:
+    >>> model = EarlyExitClassifier(num_classes=3, vocabulary_size=100, num_layers=4,
+    ...                             hidden_dim=16, num_heads=2, intermediate_dim=32)
+    >>> model.compile()  # EarlyExitLoss over the 4 exits, accuracy of the last
+    >>> fast = model.early_exit_predictor("max_probability", threshold=0.9)
+    """
+
+    def __init__(self, num_classes, backbone=None, exit_layers=None, exit_heads="per_layer",
+                 exit_loss_weights=None, pooling="mean", head_intermediate_dim=None,
+                 head_dropout=0.0, name=None, dtype=None, trainable=True, **backbone_kwargs):
+        check_model_arguments(locals())
+        backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs)
+        _check_backbone(backbone)
+        exit_layers = _check_exit_layers(exit_layers, backbone.num_layers)
+        if exit_heads not in EXIT_HEADS:
+            raise ValueError(
+                f"exit_heads must be one of {EXIT_HEADS}. Received: exit_heads={exit_heads!r}"
+            )
+        if exit_loss_weights is not None:
+            exit_loss_weights = [float(w) for w in exit_loss_weights]
+            if len(exit_loss_weights) != len(exit_layers) or min(exit_loss_weights) < 0:
+                raise ValueError(
+                    f"exit_loss_weights must hold {len(exit_layers)} non-negative floats, one "
+                    f"per exit. Received: exit_loss_weights={exit_loss_weights!r}"
+                )
+
+        # Layers
+        self.backbone = backbone
+        self.pooling = Pooling(pooling, dtype=backbone.dtype_policy, name="pooling")
+        self.heads = EarlyExitHeads(len(exit_layers), num_classes,
+                                    shared=exit_heads == "shared",
+                                    intermediate_dim=head_intermediate_dim, dropout=head_dropout,
+                                    dtype=backbone.dtype_policy, name="exit_heads")
+
+        # Functional model
+        inputs = token_inputs(segments=backbone.uses_segment_ids)
+        mask = ops.cast(inputs["padding_mask"], "bool")
+        hidden = self.embed(inputs)
+        logits = []
+        for index, block in enumerate(self.blocks):
+            hidden = block(hidden, padding_mask=mask, use_causal_mask=False)
+            if index + 1 in exit_layers:
+                logits.append(self.exit_logits(len(logits), hidden, mask))
+        outputs = ops.stack(logits, axis=1)
+        super().__init__(inputs=inputs, outputs=outputs, name=name, dtype=dtype,
+                         trainable=trainable)
+
+        # Config
+        record_config(self, locals(), attributes={"backbone": None, "pooling": "pooling_mode"})
+
+    @property
+    def blocks(self):
+        """The encoder's layers, in order."""
+        return self.backbone.transformer_stack.blocks
+
+    def embed(self, inputs):
+        """`s^0`: the backbone's embeddings of `inputs`."""
+        return self.backbone.embeddings(inputs["token_ids"],
+                                        segment_ids=inputs.get("segment_ids"))
+
+    def pooled_state(self, hidden, mask):
+        """`Pool(Norm(s^l))`: the state an exit classifies, `[B, d]`."""
+        norm = self.backbone.transformer_stack.output_norm
+        if norm is not None:
+            hidden = norm(hidden)
+        return self.pooling(hidden, padding_mask=mask)
+
+    def exit_logits(self, exit_index, hidden, mask, pooled=None):
+        """Float32 logits `[B, C]` of exit number `exit_index` (0-based) on the layer
+        output `hidden`."""
+        if pooled is None:
+            pooled = self.pooled_state(hidden, mask)
+        return self.heads(pooled, exit_index=exit_index)
+
+    def early_exit_predictor(self, criterion, threshold):
+        """An `EarlyExitPredictor` on this model's layers: it stops at the first exit whose
+        `criterion` (`"entropy"`, `"max_probability"`, `"state_similarity"` or
+        `"patience"`) passes `threshold`."""
+        from keras_xf.models.early_exit_predictor import EarlyExitPredictor
+
+        return EarlyExitPredictor(self, criterion=criterion, threshold=threshold)
+
+    def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs):
+        """Keras `compile` with defaults: AdamW, `EarlyExitLoss` with `exit_loss_weights`,
+        the last exit's accuracy."""
+        if loss == "auto":
+            loss = EarlyExitLoss(weights=self.exit_loss_weights)
+        if metrics == "auto":
+            metrics = [keras.metrics.MeanMetricWrapper(final_exit_accuracy, name="accuracy")]
+        optimizer, loss, metrics = classifier_compile_defaults(optimizer, loss, metrics)
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
+
+
+def _check_backbone(backbone):
+    stack = backbone.transformer_stack
+    plain = (isinstance(stack, TransformerStack) and not stack._combines_layers
+             and stack.share_attention_maps == 1)
+    if backbone.causal or not plain:
+        raise ValueError(
+            "backbone must be a non-causal TransformerBackbone whose stack has no layer "
+            "fusion, layer drop, multi-step residuals, shared attention maps or reversible "
+            f"layers. Received: causal={backbone.causal}, stack={type(stack).__name__}"
+        )
+
+
+def _check_exit_layers(exit_layers, num_layers):
+    if exit_layers is None:
+        return list(range(1, num_layers + 1))
+    layers = list(exit_layers)
+    valid = (layers and all(isinstance(l, int) and not isinstance(l, bool) for l in layers)
+             and layers == sorted(set(layers)) and layers[0] >= 1 and layers[-1] == num_layers)
+    if not valid:
+        raise ValueError(
+            f"exit_layers must be increasing layer numbers in [1, {num_layers}] ending with the "
+            f"last layer {num_layers}. Received: exit_layers={exit_layers!r}"
+        )
+    return layers

@@ -1,0 +1,69 @@
+"""Numpy oracle of early exiting (survey §5.6): the exit criteria on an exit's prediction
+`p^l = Softmax(logits)` and states, the summed exit losses, the stop/non-stop margin rule,
+and the exit each input takes given every exit's logits and states."""
+
+import numpy as np
+
+
+def softmax(logits):
+    z = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def entropy(logits):
+    """`H(p) = −Σ_k p_k log p_k`."""
+    p = softmax(np.asarray(logits, np.float64))
+    return -(p * np.log(np.maximum(p, 1e-300))).sum(axis=-1)
+
+
+def max_probability(logits):
+    return softmax(np.asarray(logits, np.float64)).max(axis=-1)
+
+
+def cosine(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    norms = np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
+    return (a * b).sum(-1) / np.maximum(norms, 1e-8)
+
+
+def exit_losses(labels, logits, weights=None):
+    """`Σ_e w_e · (−log p^e_y)` per example, logits `[B, E, C]`."""
+    logits = np.asarray(logits, np.float64)
+    log_p = np.log(softmax(logits))
+    nll = -np.take_along_axis(log_p, np.asarray(labels)[:, None, None], axis=-1)[..., 0]
+    weights = np.ones(logits.shape[1]) if weights is None else np.asarray(weights)
+    return (nll * weights).sum(-1)
+
+
+def stop_by_margin(stop_probability, margin):
+    """`Pr(stop) ≥ Pr(nonstop) + θ_stop`."""
+    p = np.asarray(stop_probability, np.float64)
+    return p >= 1.0 - p + margin
+
+
+def early_exits(logits, states, exit_layers, criterion, threshold):
+    """The exit of every input: logits `[B, E, C]` and pooled states `[B, E + 1, d]` (the
+    embeddings' first) of every exit; returns `(logits [B, C], exit_layer [B])`: the first
+    exit where the criterion holds, the last exit otherwise."""
+    batch, exits = logits.shape[:2]
+    out_logits = np.zeros((batch, logits.shape[2]))
+    out_layers = np.zeros(batch, int)
+    for row in range(batch):
+        count = 0
+        for e in range(exits):
+            if e:
+                same = logits[row, e].argmax() == logits[row, e - 1].argmax()
+                count = count + 1 if same else 0
+            if criterion == "entropy":
+                stop = entropy(logits[row, e]) <= threshold
+            elif criterion == "max_probability":
+                stop = max_probability(logits[row, e]) >= threshold
+            elif criterion == "state_similarity":
+                stop = cosine(states[row, e + 1], states[row, e]) >= threshold
+            else:
+                stop = count >= threshold
+            if stop or e == exits - 1:
+                out_logits[row], out_layers[row] = logits[row, e], exit_layers[e]
+                break
+    return out_logits, out_layers
