@@ -23,6 +23,7 @@ from keras_xf.layers.attention.relative_position_bias import RelativePositionBia
 from keras_xf.layers.attention.relative_position_embedding import RelativePositionEmbedding
 from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
+from keras_xf.layers.blocks.compressed_stack import CompressedStack
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
 from keras_xf.layers.blocks.layer_drop import LayerDrop
 from keras_xf.layers.blocks.layer_fusion import LayerFusion
