@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import check_sequence_width
 from keras_xf.ops.checks import get_initializer
 
@@ -79,6 +80,14 @@ class Upsample(keras.layers.Layer):
         check_sequence_width(inputs, self.width)
         if residual is not None:
             check_sequence_width(residual, inputs.shape[-1], name="residual")
+        if padding_mask is not None:
+            check_rank("padding_mask", padding_mask, 2, "[batch, length]")
+            batch, mask_batch = inputs.shape[0], padding_mask.shape[0]
+            if isinstance(batch, int) and isinstance(mask_batch, int) and batch != mask_batch:
+                raise ValueError(
+                    f"padding_mask must have the batch size of inputs ({batch}). Received: "
+                    f"padding_mask.shape={tuple(padding_mask.shape)}"
+                )
         given = {"residual": residual, "padding_mask": padding_mask}
         lengths = {name: x.shape[1] for name, x in given.items() if x is not None}
         if output_length is not None:

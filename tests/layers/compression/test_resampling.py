@@ -159,5 +159,7 @@ def test_bad_inputs():
     raises_naming("output_length", lambda: up(x, output_length=6))
     raises_naming("residual", lambda: up(x, residual=np.zeros((B, 3, D), "float32")))
     raises_naming("residual", lambda: up(x, residual=np.zeros((B, 8, D + 1), "float32")))
+    raises_naming("padding_mask", lambda: up(x, padding_mask=np.ones((8,), bool)))
+    raises_naming("padding_mask", lambda: up(x, padding_mask=np.ones((B + 1, 8), bool)))
     raises_naming("output length", lambda: up(x, padding_mask=np.ones((B, 8), bool),
                                                 output_length=7))
