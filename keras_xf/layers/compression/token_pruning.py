@@ -27,8 +27,9 @@ class TokenPruning(keras.layers.Layer):
     to a scalar, float32); the `k` real tokens of highest score are kept (by `top_k`, so `k`
     is static and the layer compiles under XLA) and gathered in their original order. Padded
     tokens are ranked below every real one: they are kept only when a row has fewer than `k`
-    real tokens, after all of them (which of them is left to the backend's `top_k`), and are marked padding in the returned mask with zero
-    outputs (a fully padded row gives zeros and an all-false mask, never NaN).
+    real tokens, after all of them (which padded ones is the backend's `top_k` tie order),
+    and are marked padding in the returned mask with zero outputs (a fully padded row gives
+    zeros and an all-false mask, never NaN).
 
     The selection itself has no gradient; the scores are trained through a gate on the kept
     tokens (`gate`):
