@@ -23,6 +23,7 @@ from keras_xf.layers.attention.relative_position_bias import RelativePositionBia
 from keras_xf.layers.attention.relative_position_embedding import RelativePositionEmbedding
 from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
+from keras_xf.layers.blocks.compressed_stack import CompressedStack
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
 from keras_xf.layers.blocks.layer_drop import LayerDrop
 from keras_xf.layers.blocks.layer_fusion import LayerFusion
@@ -32,6 +33,9 @@ from keras_xf.layers.blocks.reversible_stack import ReversibleStack
 from keras_xf.layers.blocks.runge_kutta_block import RungeKuttaBlock
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
+from keras_xf.layers.compression.downsample import Downsample
+from keras_xf.layers.compression.token_pruning import TokenPruning
+from keras_xf.layers.compression.upsample import Upsample
 from keras_xf.layers.embeddings.class_token import ClassToken
 from keras_xf.layers.embeddings.learned_position_embedding import LearnedPositionEmbedding
 from keras_xf.layers.embeddings.patch_embedding import PatchEmbedding

@@ -80,3 +80,30 @@ def merge_masks(*masks):
         mask = expand_attention_mask(mask)
         merged = mask if merged is None else ops.logical_and(merged, mask)
     return merged
+
+
+def compressed_length(length, stride):
+    """`⌈n / s⌉`, the length of a sequence of `n` positions downsampled with stride `s` (an
+    int for a static `n`, a scalar tensor otherwise)."""
+    return -(-length // stride)
+
+
+def window_starts(length, kernel_size, stride):
+    """Indices `[n′, k]` of the positions read by each of the `n′ = ⌈n / s⌉` windows of a
+    strided convolution, window `i` covering `i·s … i·s + k − 1` (the sequence right-padded
+    to `(n′ − 1)·s + k` positions)."""
+    windows = compressed_length(length, stride)
+    starts = ops.arange(windows, dtype="int32") * stride
+    return starts[:, None] + ops.arange(kernel_size, dtype="int32")[None, :]
+
+
+def downsample_padding_mask(padding_mask, kernel_size, stride):
+    """A padding mask `[B, n]` downsampled to `[B, ⌈n / s⌉]`: a compressed position is real
+    when any of the `k` positions its window covers is real (positions past the end are
+    padding)."""
+    valid = ops.cast(padding_mask, "bool")
+    length = valid.shape[1] if isinstance(valid.shape[1], int) else ops.shape(valid)[1]
+    windows = compressed_length(length, stride)
+    extra = (windows - 1) * stride + kernel_size - length
+    valid = ops.pad(valid, ((0, 0), (0, extra)), constant_values=False)
+    return ops.any(ops.take(valid, window_starts(length, kernel_size, stride), axis=1), axis=-1)

@@ -4,6 +4,7 @@ import pytest
 from keras_xf import ops as xops
 from tests.layer_checks import to_numpy
 from tests.reference import attention as ref
+from tests.reference import sequence_compression as compression_ref
 
 
 @pytest.mark.parametrize("query_length,key_length,offset", [(4, None, 0), (3, 6, 2), (1, 5, 4)])
@@ -41,3 +42,12 @@ def test_merge_masks_broadcasts_every_rank_and_skips_none():
 def test_merge_masks_rejects_bad_rank():
     with pytest.raises(ValueError, match="rank"):
         xops.merge_masks(np.ones((3,), bool))
+
+
+def test_downsample_padding_mask_matches_reference():
+    mask = np.arange(7)[None, :] < np.array([7, 4, 1, 0])[:, None]
+    for kernel_size, stride in [(2, 2), (3, 2), (4, 3), (1, 1)]:
+        kernel = np.ones((kernel_size, 1, 1))
+        _, expected = compression_ref.downsample(np.ones((4, 7, 1)), kernel, None, stride, mask)
+        actual = xops.masks.downsample_padding_mask(mask, kernel_size, stride)
+        np.testing.assert_array_equal(to_numpy(actual), expected)

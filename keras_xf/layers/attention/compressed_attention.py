@@ -10,6 +10,7 @@ from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import get_initializer
 from keras_xf.ops.masks import causal_mask
+from keras_xf.ops.masks import downsample_padding_mask
 from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.masks import merge_masks
 
@@ -237,9 +238,7 @@ class CompressedAttention(MultiHeadAttention):
         if self.method == "projection":
             any_valid = ops.any(valid, axis=1, keepdims=True)
             return ops.broadcast_to(any_valid, (ops.shape(valid)[0], self.compressed_length))
-        length = ops.shape(valid)[1]
-        valid = ops.pad(valid, ((0, 0), (0, (-length) % self.window)), constant_values=False)
-        return ops.any(ops.reshape(valid, (ops.shape(valid)[0], -1, self.window)), axis=-1)
+        return downsample_padding_mask(valid, self.window, self.window)
 
     # Selecting keys by score -----------------------------------------------------------------
     def _pattern_mask(self, q, k, query_positions, key_positions, cache_index):

@@ -1,0 +1,131 @@
+"""Learned token pruning: keep the highest-scoring tokens of a sequence (survey §5.8)."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_xf.ops.attention import lowest_value
+from keras_xf.ops.checks import check_padding_mask
+from keras_xf.ops.checks import check_sequence_width
+from keras_xf.ops.checks import get_initializer
+
+GATES = ("multiply", "straight_through")
+
+
+def kept_count(keep_ratio, length):
+    """`k = ⌈ρ·n⌉` (at least 1), rounded so that e.g. `0.3·10` gives 3, not 4."""
+    return max(1, math.ceil(round(keep_ratio * length, 9)))
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class TokenPruning(keras.layers.Layer):
+    """Keeps the `k = ⌈ρ·n⌉` tokens of highest learned score, in their original order.
+
+    Survey §5.8: token pruning discards "tokens that are less important for representing the
+    entire sequence" (Kim et al. 2023). Each token gets a score `s_i = h_i w + b` (a `Dense`
+    to a scalar, float32); the `k` real tokens of highest score are kept (by `top_k`, so `k`
+    is static and the layer compiles under XLA) and gathered in their original order. Padded
+    tokens are ranked below every real one: they are kept only when a row has fewer than `k`
+    real tokens, after all of them (which padded ones is the backend's `top_k` tie order),
+    and are marked padding in the returned mask with zero outputs (a fully padded row gives
+    zeros and an all-false mask, never NaN).
+
+    The selection itself has no gradient; the scores are trained through a gate on the kept
+    tokens (`gate`):
+    - `"multiply"`: `h′_i = σ(s_i)·h_i` (the outputs are scaled by the gate, and the loss
+      raises the gates of useful tokens);
+    - `"straight_through"`: `h′_i = h_i·(1 + σ(s_i) − sg(σ(s_i)))`, `sg` the stop-gradient:
+      the outputs equal the kept tokens exactly, and the gradient is that of `"multiply"`
+      at `σ = 1`, `∂L/∂s_i = σ′(s_i)·⟨∂L/∂h′_i, h_i⟩`.
+
+    Args:
+        keep_ratio: float `ρ` in `(0, 1]`.
+        gate: `"multiply"` (default) or `"straight_through"`.
+        kernel_initializer: initializer of `w` (`b` starts at zero).
+        **kwargs: base `Layer` arguments.
+
+    Call arguments:
+        inputs: `[B, n, d]`, `n` static.
+        padding_mask: optional boolean `[B, n]`.
+
+    Returns:
+        `(outputs [B, k, d], padding_mask [B, k] bool, indices [B, k] int32)`, `indices` the
+        kept positions in increasing order.
+
+    Example:
+    >>> layer = TokenPruning(keep_ratio=0.5)
+    >>> y, mask, kept = layer(keras.random.normal((2, 6, 8)))  # (2, 3, 8), (2, 3), (2, 3)
+    """
+
+    def __init__(self, keep_ratio=0.5, gate="multiply", kernel_initializer="glorot_uniform",
+                 **kwargs):
+        super().__init__(**kwargs)
+        ok = (isinstance(keep_ratio, (int, float)) and not isinstance(keep_ratio, bool)
+              and 0 < keep_ratio <= 1)
+        if not ok:
+            raise ValueError(f"keep_ratio must be a number in (0, 1]. Received: "
+                             f"keep_ratio={keep_ratio!r}")
+        self.keep_ratio = float(keep_ratio)
+        if gate not in GATES:
+            raise ValueError(f"gate must be one of {GATES}. Received: gate={gate!r}")
+        self.gate = gate
+        self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
+        self.width = None
+
+    def build(self, inputs_shape, padding_mask_shape=None):
+        width = inputs_shape[-1]
+        if not isinstance(width, int):
+            raise ValueError(f"inputs must have a known last dimension. Received: "
+                             f"inputs.shape={tuple(inputs_shape)}")
+        self.width = width
+        self.kernel = self.add_weight(shape=(width,), initializer=self.kernel_initializer,
+                                      name="kernel")
+        self.bias = self.add_weight(shape=(), initializer="zeros", name="bias")
+
+    def _kept(self, inputs, padding_mask):
+        check_sequence_width(inputs, self.width)
+        check_padding_mask(padding_mask, inputs)
+        length = inputs.shape[1]
+        if not isinstance(length, int):
+            raise ValueError("inputs must have a static length (k = ⌈keep_ratio·n⌉ is a "
+                             f"static shape). Received: inputs.shape={tuple(inputs.shape)}")
+        return kept_count(self.keep_ratio, length)
+
+    def call(self, inputs, padding_mask=None):
+        keep = self._kept(inputs, padding_mask)
+        scores = ops.einsum("bnd,d->bn", ops.cast(inputs, "float32"),
+                            ops.cast(self.kernel, "float32")) + ops.cast(self.bias, "float32")
+        if padding_mask is None:
+            valid = ops.ones(ops.shape(scores), "bool")
+        else:
+            valid = ops.cast(padding_mask, "bool")
+        ranked = ops.where(valid, ops.stop_gradient(scores), lowest_value("float32"))
+        indices = ops.sort(ops.cast(ops.top_k(ranked, keep)[1], "int32"), axis=-1)
+        batch = ops.shape(inputs)[0]
+        rows = ops.broadcast_to(indices[:, :, None], (batch, keep, self.width))
+        kept = ops.take_along_axis(inputs, rows, axis=1)
+        kept_mask = ops.cast(ops.take_along_axis(ops.cast(valid, "int32"), indices, axis=1),
+                             "bool")
+        gates = ops.sigmoid(ops.take_along_axis(scores, indices, axis=1))
+        if self.gate == "straight_through":
+            gates = 1.0 + gates - ops.stop_gradient(gates)
+        outputs = kept * ops.cast(gates, kept.dtype)[:, :, None]
+        outputs = ops.where(kept_mask[:, :, None], outputs, ops.zeros_like(outputs))
+        return outputs, kept_mask, indices
+
+    def compute_output_spec(self, inputs, padding_mask=None):
+        keep = self._kept(inputs, padding_mask)
+        batch = inputs.shape[0]
+        return (keras.KerasTensor((batch, keep, inputs.shape[2]), dtype=self.compute_dtype),
+                keras.KerasTensor((batch, keep), dtype="bool"),
+                keras.KerasTensor((batch, keep), dtype="int32"))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "keep_ratio": self.keep_ratio,
+            "gate": self.gate,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+        })
+        return config
