@@ -23,6 +23,7 @@ import glob
 import os
 import re
 import tempfile
+import time
 
 DUMP = tempfile.mkdtemp(prefix="xf_jax_hlo_")
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -38,6 +39,7 @@ from benchmarks import cases  # noqa: E402
 from benchmarks import config as c  # noqa: E402
 from benchmarks import models  # noqa: E402
 from benchmarks.report import median_profile  # noqa: E402
+from benchmarks.report import median_wall  # noqa: E402
 from benchmarks.report import op_table  # noqa: E402
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\w+\[[\d,]*\])\S* ([\w\-]+)\(")
@@ -75,10 +77,12 @@ def _compiled_files():
 
 def _profile(function, labels):
     """label → (ms, events) of one call of `function`, from the trace's XLA op events
-    (executor wrappers left out)."""
+    (executor wrappers left out), and the call's wall-clock ms (traced)."""
     directory = tempfile.mkdtemp(prefix="xf_jax_profile_")
     with jax.profiler.trace(directory):
+        start = time.perf_counter()
         function()
+        wall = 1e3 * (time.perf_counter() - start)
     totals, counts = collections.Counter(), collections.Counter()
     for path in glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True):
         space = xplane_pb2.XSpace()
@@ -103,12 +107,13 @@ def _profile(function, labels):
                                        re.sub(r"\.\d+$", "", meta.name))
                     totals[label] += event.duration_ps / 1e9
                     counts[label] += 1
-    return {label: (ms, counts[label]) for label, ms in totals.items()}
+    return {label: (ms, counts[label]) for label, ms in totals.items()}, wall
 
 
 def _interleaved(calls, steps, warmup, per_call=1):
     """name → median profile of `steps` calls (divided by `per_call`), the calls of the
-    models alternating; each model's warm-up records the HLO it compiles."""
+    models alternating; each model's warm-up records the HLO it compiles. Also name → the
+    calls' wall-clock milliseconds (divided by `per_call`)."""
     labels = {}
     for name, call in calls.items():
         before = _compiled_files()
@@ -116,12 +121,14 @@ def _interleaved(calls, steps, warmup, per_call=1):
             call()
         labels[name] = _hlo_labels(_compiled_files() - before)
     rounds = {name: [] for name in calls}
+    walls = {name: [] for name in calls}
     for _ in range(steps):
         for name, call in calls.items():
-            profile = _profile(call, labels[name])
+            profile, wall = _profile(call, labels[name])
+            walls[name].append(wall / per_call)
             rounds[name].append({k: (ms / per_call, n / per_call)
                                  for k, (ms, n) in profile.items()})
-    return {name: median_profile(profiles) for name, profiles in rounds.items()}
+    return {name: median_profile(profiles) for name, profiles in rounds.items()}, walls
 
 
 def training(steps):
@@ -130,10 +137,10 @@ def training(steps):
     contenders = {"keras_xf": models.compile_for_training(models.xf_causal_lm()),
                   "keras_xf chunked": models.compile_for_training(models.xf_causal_lm(), True),
                   "keras-hub": models.compile_for_training(models.hub_causal_lm())}
-    profiles = _interleaved({name: (lambda m=model: m.train_on_batch(x, y))
+    profiles, walls = _interleaved({name: (lambda m=model: m.train_on_batch(x, y))
                              for name, model in contenders.items()}, steps, warmup=3)
     print(op_table(f"training step ({c.BATCH} x {c.SEQUENCE} tokens), XLA op time per step",
-                   profiles, top=22))
+                   profiles, top=22, wall=median_wall(walls)))
 
 
 def generation(steps):
@@ -143,9 +150,9 @@ def generation(steps):
     calls = {name: (lambda m=model: np.asarray(
         m.generate(dict(inputs), stop_token_ids=None)["token_ids"]))
         for name, model in contenders.items()}
-    profiles = _interleaved(calls, steps, warmup=2, per_call=c.NEW_TOKENS)
+    profiles, walls = _interleaved(calls, steps, warmup=2, per_call=c.NEW_TOKENS)
     print(op_table(f"greedy decoding, batch 1, XLA op time per token ({c.PROMPT}-token prompt, "
-                f"{c.NEW_TOKENS} new tokens a call)", profiles, top=22))
+                f"{c.NEW_TOKENS} new tokens a call)", profiles, top=22, wall=median_wall(walls)))
 
 
 PHASES = {"train": training, "generate": generation}

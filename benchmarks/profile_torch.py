@@ -15,6 +15,7 @@ shares and the op counts are the figures to read; the milliseconds move with the
 
 import argparse
 import os
+import time
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
@@ -25,29 +26,37 @@ from benchmarks import cases  # noqa: E402
 from benchmarks import config as c  # noqa: E402
 from benchmarks import models  # noqa: E402
 from benchmarks.report import median_profile  # noqa: E402
+from benchmarks.report import median_wall  # noqa: E402
 from benchmarks.report import op_table  # noqa: E402
 
 TOP = 16
 
 
 def _profile(function):
-    """aten op name → (self CPU ms, calls) of one call of `function`."""
+    """aten op name → (self CPU ms, calls) of one call of `function`, and the call's
+    wall-clock ms (under the profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        start = time.perf_counter()
         function()
+        wall = 1e3 * (time.perf_counter() - start)
     return {event.key: (event.self_cpu_time_total / 1e3, event.count)
-            for event in profiler.key_averages()}
+            for event in profiler.key_averages()}, wall
 
 
 def _interleaved(calls, steps, warmup):
-    """name → median profile of `steps` calls, the calls of the models alternating."""
+    """name → median profile of `steps` calls, the calls of the models alternating, and
+    name → the calls' wall-clock milliseconds."""
     for call in calls.values():
         for _ in range(warmup):
             call()
     rounds = {name: [] for name in calls}
+    walls = {name: [] for name in calls}
     for _ in range(steps):
         for name, call in calls.items():
-            rounds[name].append(_profile(call))
-    return {name: median_profile(profiles) for name, profiles in rounds.items()}
+            profile, wall = _profile(call)
+            rounds[name].append(profile)
+            walls[name].append(wall)
+    return {name: median_profile(profiles) for name, profiles in rounds.items()}, walls
 
 
 def training(steps):
@@ -56,10 +65,10 @@ def training(steps):
     contenders = {"keras_xf": models.compile_for_training(models.xf_causal_lm()),
                   "keras_xf chunked": models.compile_for_training(models.xf_causal_lm(), True),
                   "keras-hub": models.compile_for_training(models.hub_causal_lm())}
-    profiles = _interleaved({name: (lambda m=model: m.train_on_batch(x, y))
+    profiles, walls = _interleaved({name: (lambda m=model: m.train_on_batch(x, y))
                              for name, model in contenders.items()}, steps, warmup=3)
     print(op_table(f"training step ({c.BATCH} x {c.SEQUENCE} tokens), self CPU time per step",
-                   profiles))
+                   profiles, wall=median_wall(walls)))
 
 
 def encoding(steps):
@@ -70,9 +79,9 @@ def encoding(steps):
     for name, (model, x) in contenders.items():
         batch = {k: v[: c.ENCODER_BATCH] for k, v in x.items()}
         calls[name] = lambda m=model, b=batch: m.predict_on_batch(b)
-    profiles = _interleaved(calls, steps, warmup=2)
+    profiles, walls = _interleaved(calls, steps, warmup=2)
     print(op_table(f"encoder batch ({c.ENCODER_BATCH} x {c.ENCODER_SEQUENCE}), self CPU time "
-                   "per batch", profiles))
+                   "per batch", profiles, wall=median_wall(walls)))
 
 
 PHASES = {"train": training, "encode": encoding}

@@ -184,11 +184,12 @@ def markdown_table(runs):
     return "\n".join(lines)
 
 
-def op_table(title, profiles, top=16):
+def op_table(title, profiles, top=16, wall=None):
     """Text table of profiles side by side (`benchmarks.profile_torch`, `profile_jax`):
     `profiles` maps a model's name to {op type: (ms per call, ops per call)}; the rows are the
     `top` op types by their largest time in any model, each with its ms and its share of the
-    model's total, then the totals and the op counts per call."""
+    model's total, then the totals, the op counts per call and, given `wall` (name → ms),
+    the wall-clock time per call (op time that exceeds it ran on several threads at once)."""
     names = list(profiles)
     totals = {n: sum(ms for ms, _ in profiles[n].values()) for n in names}
     largest = {}
@@ -207,7 +208,15 @@ def op_table(title, profiles, top=16):
                                               for n in names))
     lines.append(f"  {'ops per call':<40}" + "".join(
         f"{sum(k for _, k in profiles[n].values()):20.0f} ops" for n in names))
+    if wall is not None:
+        lines.append(f"  {'wall time per call':<40}" + "".join(
+            f"{wall[n]:10.2f} ms".rjust(24) for n in names))
     return "\n".join(lines)
+
+
+def median_wall(times):
+    """name → median of its list of wall-clock milliseconds."""
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def median_profile(profiles):

@@ -130,3 +130,7 @@ def test_median_profile_and_op_table():
     assert "20.00 ms  90.9 %" in lines[3] and "10.00 ms  25.0 %" in lines[3]
     assert lines[-2].split()[1:] == ["22.00", "ms", "100.0", "%", "40.00", "ms", "100.0", "%"]
     assert lines[-1].split()[-4:] == ["12", "ops", "4", "ops"]
+    walled = report.op_table("step", {"a": median, "b": median}, wall={"a": 25.0, "b": 30.5})
+    assert walled.splitlines()[-1].split() == ["wall", "time", "per", "call", "25.00", "ms",
+                                               "30.50", "ms"]
+    assert report.median_wall({"a": [3.0, 1.0, 2.0]}) == {"a": 2.0}
