@@ -1,18 +1,22 @@
 """Where the time goes on TensorFlow: the top XLA ops of one training step and of one decoded
-token of the benchmark `CausalLM`, from TensorFlow's profiler trace.
+token of the benchmark `CausalLM`, and one encoder batch of `TextEncoder` and keras-hub's
+`BertBackbone` side by side, from TensorFlow's profiler trace.
 
-    KERAS_BACKEND=tensorflow python -m benchmarks.profile_tensorflow
+    KERAS_BACKEND=tensorflow python -m benchmarks.profile_tensorflow [--encoder-only]
 
 Each phase is profiled after warm-up; the trace (`xplane.pb`) is summed over the op events of
 TensorFlow's compute threads ("scope/op:Type" in graph mode, "fusion_kind.N" inside XLA
 clusters such as the compiled decoding loop) and printed by op type, in milliseconds per
-training step or per decoded token.
+training step or per decoded token; the encoders' table is the median over three batches of
+each, the two models alternating.
 """
 
 import collections
 import glob
 import os
+import sys
 import tempfile
+import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
@@ -24,16 +28,22 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 from benchmarks import cases  # noqa: E402
 from benchmarks import config as c  # noqa: E402
 from benchmarks import models  # noqa: E402
+from benchmarks.report import median_profile  # noqa: E402
+from benchmarks.report import median_wall  # noqa: E402
+from benchmarks.report import op_table  # noqa: E402
 
 TOP = 12
 
 
 def _profile(function, repeats):
-    """Op name → total milliseconds over `repeats` calls of `function`, from the trace."""
+    """Op name → total milliseconds over `repeats` calls of `function`, from the trace, and
+    the calls' wall-clock milliseconds."""
     directory = tempfile.mkdtemp(prefix="xf_tf_profile_")
     tf.profiler.experimental.start(directory)
+    start = time.perf_counter()
     for _ in range(repeats):
         function()
+    wall = 1e3 * (time.perf_counter() - start)
     tf.profiler.experimental.stop()
     totals = collections.Counter()
     for path in glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True):
@@ -51,7 +61,7 @@ def _profile(function, repeats):
                     if "::" not in name and not name.startswith(("__inference", "while")):
                         # "scope/op_name:OpType" (TensorFlow ops) or "fusion_kind.N" (XLA)
                         totals[name] += event.duration_ps
-    return {key: ps / 1e9 for key, ps in totals.items()}
+    return {key: ps / 1e9 for key, ps in totals.items()}, wall
 
 
 def _report(title, totals, divisor):
@@ -69,7 +79,40 @@ def _report(title, totals, divisor):
         print(f"  {ms / divisor:8.2f} ms  {name[-110:]}")
 
 
-def main():
+def _by_type(totals):
+    """{op type: (ms, ops)} of one profile, as `report.op_table` takes."""
+    by_type = collections.defaultdict(lambda: [0.0, 0])
+    for name, ms in totals.items():
+        op_type = name.rsplit(":", 1)[1] if ":" in name else name.rsplit(".", 1)[0]
+        by_type[op_type][0] += ms
+        by_type[op_type][1] += 1
+    return {k: tuple(v) for k, v in by_type.items()}
+
+
+def encoding(rounds=3):
+    keras.utils.set_random_seed(c.SEED)
+    contenders = {"keras_xf": (models.xf_text_encoder(), cases._encoder_inputs(False)),
+                  "keras-hub": (models.hub_text_encoder(), cases._encoder_inputs(True))}
+    calls = {}
+    for name, (model, x) in contenders.items():
+        batch = {k: v[: c.ENCODER_BATCH] for k, v in x.items()}
+        calls[name] = lambda m=model, b=batch: m.predict_on_batch(b)
+        for _ in range(2):
+            calls[name]()
+    profiles = {name: [] for name in calls}
+    walls = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            totals, wall = _profile(call, 1)
+            profiles[name].append(_by_type(totals))
+            walls[name].append(wall)
+    print(op_table(f"\nencoder batch ({c.ENCODER_BATCH} x {c.ENCODER_SEQUENCE}), op time per "
+                   "batch (both compute threads summed)",
+                   {name: median_profile(p) for name, p in profiles.items()},
+                   wall=median_wall(walls)))
+
+
+def training_and_decoding():
     keras.utils.set_random_seed(c.SEED)
     model = models.compile_for_training(models.xf_causal_lm())
     x, y = cases._training_data(1)
@@ -77,15 +120,21 @@ def main():
         model.train_on_batch(x, y)
     steps = 2
     _report("training step (8 x 256 tokens)",
-            _profile(lambda: model.train_on_batch(x, y), steps), steps)
+            _profile(lambda: model.train_on_batch(x, y), steps)[0], steps)
 
     inputs = cases._generation_inputs(1)
     for _ in range(2):
         model.generate(dict(inputs), stop_token_ids=None)
     _report(f"greedy decoding, batch 1 (per token, {c.NEW_TOKENS} tokens a call)",
             _profile(lambda: np.asarray(model.generate(dict(inputs),
-                                                       stop_token_ids=None)["token_ids"]), 1),
+                                                       stop_token_ids=None)["token_ids"]), 1)[0],
             c.NEW_TOKENS)
+
+
+def main():
+    if "--encoder-only" not in sys.argv:
+        training_and_decoding()
+    encoding()
 
 
 if __name__ == "__main__":

@@ -182,3 +182,48 @@ def markdown_table(runs):
         lines.append(f"| {measure} | "
                      + " | ".join(cells.get((measure, b), "—") for b in backends) + " |")
     return "\n".join(lines)
+
+
+def op_table(title, profiles, top=16, wall=None):
+    """Text table of profiles side by side (`benchmarks.profile_torch`, `profile_jax`):
+    `profiles` maps a model's name to {op type: (ms per call, ops per call)}; the rows are the
+    `top` op types by their largest time in any model, each with its ms and its share of the
+    model's total, then the totals, the op counts per call and, given `wall` (name → ms),
+    the wall-clock time per call (op time that exceeds it ran on several threads at once)."""
+    names = list(profiles)
+    totals = {n: sum(ms for ms, _ in profiles[n].values()) for n in names}
+    largest = {}
+    for n in names:
+        for op, (ms, _) in profiles[n].items():
+            largest[op] = max(largest.get(op, 0.0), ms)
+    order = sorted(largest, key=lambda op: -largest[op])[:top]
+    lines = [title, f"  {'op':<40}" + "".join(f"{n:>24}" for n in names)]
+    for op in order:
+        cells = []
+        for n in names:
+            ms = profiles[n].get(op, (0.0, 0))[0]
+            cells.append(f"{ms:10.2f} ms {100 * ms / (totals[n] or 1):5.1f} %")
+        lines.append(f"  {op[:40]:<40}" + "".join(f"{cell:>24}" for cell in cells))
+    lines.append(f"  {'total':<40}" + "".join(f"{totals[n]:10.2f} ms {100:5.1f} %".rjust(24)
+                                              for n in names))
+    lines.append(f"  {'ops per call':<40}" + "".join(
+        f"{sum(k for _, k in profiles[n].values()):20.0f} ops" for n in names))
+    if wall is not None:
+        lines.append(f"  {'wall time per call':<40}" + "".join(
+            f"{wall[n]:10.2f} ms".rjust(24) for n in names))
+    return "\n".join(lines)
+
+
+def median_wall(times):
+    """name → median of its list of wall-clock milliseconds."""
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def median_profile(profiles):
+    """One profile from several of the same call ({op: (ms, count)} each, as `op_table`
+    takes): the median ms of each op over them (an op missing from one counts 0 there), so
+    that a burst of other load during one call does not skew the table."""
+    ops_seen = {op for profile in profiles for op in profile}
+    return {op: (statistics.median(p.get(op, (0.0, 0))[0] for p in profiles),
+                 statistics.median(p.get(op, (0.0, 0))[1] for p in profiles))
+            for op in ops_seen}

@@ -114,3 +114,23 @@ def test_settings_on_the_command_line_are_json_values():
         "BATCH": 32, "POLICY": "mixed_bfloat16", "FLASH_ATTENTION": True}
     with pytest.raises(SystemExit, match="NAME=VALUE"):
         _parse_settings(["BATCH"])
+
+
+def test_median_profile_and_op_table():
+    """Op profiles (`benchmarks.profile_torch`, `profile_jax`): the median of each op over
+    calls (missing counts 0), and the side-by-side table ordered by the largest time."""
+    calls = [{"mm": (10.0, 4), "add": (2.0, 8)}, {"mm": (30.0, 4)},
+             {"mm": (20.0, 4), "add": (4.0, 8)}]
+    median = report.median_profile(calls)
+    assert median == {"mm": (20.0, 4), "add": (2.0, 8)}
+    table = report.op_table("step", {"a": median, "b": {"bmm": (30.0, 2), "mm": (10.0, 2)}})
+    lines = table.splitlines()
+    assert lines[0] == "step"
+    assert [line.split()[0] for line in lines[2:5]] == ["bmm", "mm", "add"]
+    assert "20.00 ms  90.9 %" in lines[3] and "10.00 ms  25.0 %" in lines[3]
+    assert lines[-2].split()[1:] == ["22.00", "ms", "100.0", "%", "40.00", "ms", "100.0", "%"]
+    assert lines[-1].split()[-4:] == ["12", "ops", "4", "ops"]
+    walled = report.op_table("step", {"a": median, "b": median}, wall={"a": 25.0, "b": 30.5})
+    assert walled.splitlines()[-1].split() == ["wall", "time", "per", "call", "25.00", "ms",
+                                               "30.50", "ms"]
+    assert report.median_wall({"a": [3.0, 1.0, 2.0]}) == {"a": 2.0}

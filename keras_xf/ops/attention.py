@@ -153,7 +153,8 @@ def _fused_attention(query, key, value, mask, bias, scale):
     outputs = dot_product_attention(query, key, value, mask, bias, scale)
     if row_valid is not None:
         row_valid = ops.transpose(row_valid, (0, 2, 1, 3))  # [B|1, T, H|1, 1]
-        outputs = ops.where(row_valid, outputs, ops.zeros_like(outputs))
+        # A scalar zero: no `[B, T, H, Dh]` block of zeros is filled (eager PyTorch would).
+        outputs = ops.where(row_valid, outputs, ops.zeros((), outputs.dtype))
     return outputs
 
 

@@ -23,19 +23,26 @@ def chunked_cross_entropy(hidden, table, labels, weights, chunk_size=1024, label
     `z_i = h_i Eᵀ` in float32, computed over chunks of `chunk_size` tokens.
 
     The tokens (every axis of `hidden` but the last, flattened) are padded with rows of
-    weight 0 to a multiple of `chunk_size` and visited in a loop. For each chunk the logits
-    `Z_c = H_c Eᵀ` are formed in the dtype of `table` and cast to float32 (as the plain
-    output layer does), then reduced to `lse` and the target logit. With `with_gradient`
-    the same pass also forms the gradient of `L`:
+    weight 0 to a multiple of `chunk_size` (not copied when they fit) and visited in a loop.
+    For each chunk the logits `Z_c = H_c Eᵀ` are formed in the dtype of `table` and cast to
+    float32 (as the plain output layer does), then to log-probabilities, whose target entry
+    gives `ℓ`. With `with_gradient` the same pass also forms the gradient of `L`, from
+    `∂L/∂Z_c = W_c (P_c − (1−ε) Y_c − ε/V)` (`W_c = diag(w_c)`, `P_c = softmax(Z_c)`,
+    `Y_c` the one-hot labels) without forming it: only `P_c` is a `[C, V]` block,
 
-        ∂L/∂Z_c = w_c ⊙ (softmax(Z_c) − (1−ε) onehot(y_c) − ε/V),
-        ∂L/∂H_c = (∂L/∂Z_c) E,    ∂L/∂E = (Σ_c H_cᵀ (∂L/∂Z_c))ᵀ  (accumulated in float32),
+        ∂L/∂H_c = W_c (P_c E − (1−ε) E[y_c] − (ε/V) Σ_v E_v),
+        ∂L/∂E = Σ_c ((W_c H_c)ᵀ P_c)ᵀ − (1−ε) Σ_c scatter_add(y_c, W_c H_c)
+                − (ε/V) 1 Σ_i w_i h_iᵀ                        (accumulated in float32),
 
-    kept for the backward pass, which scales them by the upstream gradient (a custom
-    gradient, `keras.ops.custom_gradient`). So the loss and its gradient take the three
-    `[N, V, d]` matmuls of the plain form and no `[N, V]` tensor; the weights carry any
-    normalisation (`1 / Σ_i m_i` for a mean), which is why `L` is a weighted sum rather than
-    per-token losses. Neither `labels` nor `weights` receives a gradient.
+    the one-hot terms being a gather of the table's rows and a scatter-add of the weighted
+    hidden rows into their labels' rows (`keras.ops.segment_sum`), and the weights scaling
+    `[C, d]` rows instead of the `[C, V]` block. The gradients are kept for the backward
+    pass, which scales them by the upstream gradient (a custom gradient,
+    `keras.ops.custom_gradient`). So the loss and its gradient take the three `[N, V, d]`
+    matmuls of the plain form, two elementwise passes over each `[C, V]` block (log-softmax,
+    exp) and no `[N, V]` tensor; the weights carry any normalisation (`1 / Σ_i m_i` for a
+    mean), which is why `L` is a weighted sum rather than per-token losses. Neither
+    `labels` nor `weights` receives a gradient.
 
     Args:
         hidden: float `[..., d]` hidden states.
@@ -86,25 +93,26 @@ def _count(dims):
 
 def _chunks(x, padding, chunk_size):
     """`[N, ...]` padded with `padding` zero rows and cut into `[N / chunk_size, chunk_size, ...]`."""
-    zeros = ops.zeros((padding,) + tuple(x.shape[1:]), x.dtype)
-    return ops.reshape(ops.concatenate([x, zeros], axis=0), (-1, chunk_size) + tuple(x.shape[1:]))
+    if not (isinstance(padding, int) and padding == 0):  # no copy when the chunks fit
+        zeros = ops.zeros((padding,) + tuple(x.shape[1:]), x.dtype)
+        x = ops.concatenate([x, zeros], axis=0)
+    return ops.reshape(x, (-1, chunk_size) + tuple(x.shape[1:]))
 
 
-def _chunk_logits(hidden, table, labels, epsilon):
-    """float32 logits `[C, V]` of one chunk, their log-sum-exp and the tokens' losses `ℓ`."""
+def _chunk_log_probs(hidden, table, labels, epsilon):
+    """float32 log-probabilities `[C, V]` of one chunk and the tokens' losses `ℓ`."""
     logits = ops.cast(ops.matmul(hidden, ops.transpose(table)), "float32")
-    lse = ops.logsumexp(logits, axis=-1)
-    target = ops.squeeze(ops.take_along_axis(logits, labels[:, None], axis=-1), axis=-1)
-    losses = lse - target
+    log_probs = ops.log_softmax(logits, axis=-1)
+    losses = -ops.squeeze(ops.take_along_axis(log_probs, labels[:, None], axis=-1), axis=-1)
     if epsilon:
-        losses = (1.0 - epsilon) * losses + epsilon * (lse - ops.mean(logits, axis=-1))
-    return logits, lse, losses
+        losses = (1.0 - epsilon) * losses - epsilon * ops.mean(log_probs, axis=-1)
+    return log_probs, losses
 
 
 def _loss_only(hidden, table, labels, weights, epsilon):
     def step(total, inputs):
         h, y, w = inputs
-        _, _, losses = _chunk_logits(h, table, y, epsilon)
+        _, losses = _chunk_log_probs(h, table, y, epsilon)
         weighted = losses * w
         return total + ops.sum(weighted), weighted
 
@@ -113,31 +121,46 @@ def _loss_only(hidden, table, labels, weights, epsilon):
 
 
 def _with_gradient(hidden, table, labels, weights, epsilon):
-    vocabulary = table.shape[0]
+    vocabulary, width = table.shape
 
     @ops.custom_gradient
     def loss_and_gradient(hidden, table, labels, weights):
-        def step(carry, inputs):
-            total, table_gradient = carry
-            h, y, w = inputs
-            logits, lse, losses = _chunk_logits(h, table, y, epsilon)
-            logit_gradient = ops.exp(logits - lse[:, None]) - (1.0 - epsilon) * ops.one_hot(
-                y, vocabulary, dtype="float32")
-            if epsilon:
-                logit_gradient = logit_gradient - epsilon / vocabulary
-            # In the table's dtype, as the plain output layer's matmuls take their gradient.
-            logit_gradient = ops.cast(logit_gradient * w[:, None], table.dtype)
-            # hᵀ·g into a [d, V] sum, transposed once at the end: gᵀ·h would make XLA copy
-            # the [C, V] block transposed.
-            table_gradient = table_gradient + ops.cast(
-                ops.matmul(ops.transpose(h), logit_gradient), "float32")
-            hidden_gradient = ops.cast(ops.matmul(logit_gradient, table), h.dtype)
-            return (total + ops.sum(losses * w), table_gradient), hidden_gradient
+        # Σ_v E_v, the smoothing term's share of every row's gradient.
+        table_sum = ops.sum(ops.cast(table, "float32"), axis=0)
 
-        init = (ops.zeros((), "float32"), ops.zeros(tuple(table.shape)[::-1], "float32"))
-        (total, table_gradient), hidden_gradient = time_loop(
+        def step(carry, inputs):
+            total, probability_gradient, label_gradient, weighted_sum = carry
+            h, y, w = inputs
+            log_probs, losses = _chunk_log_probs(h, table, y, epsilon)
+            # ∂L/∂Z_c = diag(w)(P − (1−ε)Y − ε/V) is never formed: only P is [C, V]. The
+            # one-hot and uniform terms of its products are a gather of the table's rows
+            # (Y E = E[y]) and a scatter-add of the hidden rows into the label's rows
+            # (hᵀ Y), and w scales the [C, d] sides (one pass over [C, V] fewer).
+            probabilities = ops.cast(ops.exp(log_probs), table.dtype)
+            weighted = h * ops.cast(w[:, None], h.dtype)
+            # hᵀ·P into a [d, V] sum, transposed once at the end: Pᵀ·h would make XLA copy
+            # the [C, V] block transposed.
+            probability_gradient = probability_gradient + ops.cast(
+                ops.matmul(ops.transpose(weighted), probabilities), "float32")
+            weighted = ops.cast(weighted, "float32")
+            label_gradient = label_gradient + ops.segment_sum(weighted, y, vocabulary)
+            weighted_sum = weighted_sum + ops.sum(weighted, axis=0)
+            row_gradient = (ops.cast(ops.matmul(probabilities, table), "float32")
+                            - (1.0 - epsilon) * ops.cast(ops.take(table, y, axis=0), "float32"))
+            if epsilon:
+                row_gradient = row_gradient - (epsilon / vocabulary) * table_sum
+            hidden_gradient = ops.cast(row_gradient * w[:, None], h.dtype)
+            carry = (total + ops.sum(losses * w), probability_gradient, label_gradient,
+                     weighted_sum)
+            return carry, hidden_gradient
+
+        init = (ops.zeros((), "float32"), ops.zeros((width, vocabulary), "float32"),
+                ops.zeros((vocabulary, width), "float32"), ops.zeros((width,), "float32"))
+        (total, probability_gradient, label_gradient, weighted_sum), hidden_gradient = time_loop(
             step, init, (hidden, labels, weights), output_index=0)
-        table_gradient = ops.transpose(table_gradient)
+        table_gradient = ops.transpose(probability_gradient) - (1.0 - epsilon) * label_gradient
+        if epsilon:
+            table_gradient = table_gradient - (epsilon / vocabulary) * weighted_sum
 
         def gradient(*args, upstream=None):
             # PyTorch passes the inputs and `upstream=`; TensorFlow and JAX the upstream alone.

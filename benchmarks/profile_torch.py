@@ -1,0 +1,101 @@
+"""Where the time goes on PyTorch: one training step of keras_xf's `CausalLM` (with the loss on
+its logits and with `ChunkedCrossEntropy`) and of keras-hub's `GPT2CausalLM`, and one encoder
+batch of `TextEncoder` and `BertBackbone`, side by side, from `torch.profiler`.
+
+    KERAS_BACKEND=torch python -m benchmarks.profile_torch [--phases train,encode] [--steps 3]
+
+The models, sizes and inputs are those of `make bench` (`benchmarks/config.py`,
+`benchmarks/models.py`, `benchmarks/cases.py`). Each model is warmed up, then `--steps` calls
+of each are profiled, the models alternating call by call; the table gives the median over
+those calls of the self CPU time of each aten op type in milliseconds per call and its share
+of the model's total, the largest op types of either model first, then each model's op count
+per call (PyTorch runs eagerly, so the count is its dispatch work). On a shared machine the
+shares and the op counts are the figures to read; the milliseconds move with the load.
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+
+import keras  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks import cases  # noqa: E402
+from benchmarks import config as c  # noqa: E402
+from benchmarks import models  # noqa: E402
+from benchmarks.report import median_profile  # noqa: E402
+from benchmarks.report import median_wall  # noqa: E402
+from benchmarks.report import op_table  # noqa: E402
+
+TOP = 16
+
+
+def _profile(function):
+    """aten op name → (self CPU ms, calls) of one call of `function`, and the call's
+    wall-clock ms (under the profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        start = time.perf_counter()
+        function()
+        wall = 1e3 * (time.perf_counter() - start)
+    return {event.key: (event.self_cpu_time_total / 1e3, event.count)
+            for event in profiler.key_averages()}, wall
+
+
+def _interleaved(calls, steps, warmup):
+    """name → median profile of `steps` calls, the calls of the models alternating, and
+    name → the calls' wall-clock milliseconds."""
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    rounds = {name: [] for name in calls}
+    walls = {name: [] for name in calls}
+    for _ in range(steps):
+        for name, call in calls.items():
+            profile, wall = _profile(call)
+            rounds[name].append(profile)
+            walls[name].append(wall)
+    return {name: median_profile(profiles) for name, profiles in rounds.items()}, walls
+
+
+def training(steps):
+    x, y = cases._training_data(1)
+    keras.utils.set_random_seed(c.SEED)
+    contenders = {"keras_xf": models.compile_for_training(models.xf_causal_lm()),
+                  "keras_xf chunked": models.compile_for_training(models.xf_causal_lm(), True),
+                  "keras-hub": models.compile_for_training(models.hub_causal_lm())}
+    profiles, walls = _interleaved({name: (lambda m=model: m.train_on_batch(x, y))
+                             for name, model in contenders.items()}, steps, warmup=3)
+    print(op_table(f"training step ({c.BATCH} x {c.SEQUENCE} tokens), self CPU time per step",
+                   profiles, wall=median_wall(walls)))
+
+
+def encoding(steps):
+    keras.utils.set_random_seed(c.SEED)
+    contenders = {"keras_xf": (models.xf_text_encoder(), cases._encoder_inputs(False)),
+                  "keras-hub": (models.hub_text_encoder(), cases._encoder_inputs(True))}
+    calls = {}
+    for name, (model, x) in contenders.items():
+        batch = {k: v[: c.ENCODER_BATCH] for k, v in x.items()}
+        calls[name] = lambda m=model, b=batch: m.predict_on_batch(b)
+    profiles, walls = _interleaved(calls, steps, warmup=2)
+    print(op_table(f"encoder batch ({c.ENCODER_BATCH} x {c.ENCODER_SEQUENCE}), self CPU time "
+                   "per batch", profiles, wall=median_wall(walls)))
+
+
+PHASES = {"train": training, "encode": encoding}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--phases", default="train,encode")
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_grad_enabled(True)
+    for phase in args.phases.split(","):
+        PHASES[phase](args.steps)
+
+
+if __name__ == "__main__":
+    main()
