@@ -40,7 +40,10 @@ from keras_xf.training import sequence_distillation_data  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Every option of examples/translate.py (data, teacher size, training, beams) "
+               "is accepted too; the student takes the teacher's sizes but its depth.")
     parser.add_argument("--student-layers", type=int, default=None,
                         help="student depth (default: half the teacher's --num-layers)")
     parser.add_argument("--temperature", type=float, default=2.0)
