@@ -105,32 +105,27 @@ def detokenize(ids):
     return "".join(text)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    started = time.perf_counter()
-    if keras.config.backend() == "torch" and "OMP_NUM_THREADS" not in os.environ:
-        import torch
-
-        # The ops of a model this small are tiny: with several threads PyTorch spends more
-        # time handing work between them than computing. Set OMP_NUM_THREADS to choose otherwise.
-        torch.set_num_threads(1)
-    keras.utils.set_random_seed(args.seed)
+def make_data(args):
+    """`(train, test, source_length, target_length, (x, y, sample_weight))` for `args`."""
     rng = np.random.default_rng(args.seed)
     max_digits = args.max_digits or (10 if args.task == "reverse" else 3)
-
     train = make_pairs(args.task, args.examples, max_digits, rng)
     test = make_pairs(args.task, args.eval_examples, max_digits, rng,
                       exclude={tuple(s) for s, _ in train})
     source_length = max_digits if args.task == "reverse" else 2 * max_digits + 1
     target_length = max_digits + 2  # [start] + target (reverse: <= max_digits, add: <= +1 digit)
-    x, y, sample_weight = seq2seq_examples(
+    examples = seq2seq_examples(
         [s for s, _ in train], [t for _, t in train], source_length, target_length,
         pad_token_id=PAD, start_token_id=START, end_token_id=END,
     )
+    return train, test, source_length, target_length, examples
 
+
+def build_model(args, source_length, target_length, num_layers=None):
+    """The `Seq2SeqLM` of `args` (with `num_layers` layers if given), compiled."""
     model = Seq2SeqLM(
         vocabulary_size=VOCABULARY_SIZE,
-        num_layers=args.num_layers,
+        num_layers=num_layers or args.num_layers,
         hidden_dim=args.hidden_dim,
         num_heads=args.num_heads,
         intermediate_dim=args.intermediate_dim,
@@ -139,13 +134,58 @@ def main(argv=None):
         pad_token_id=PAD,
         start_token_id=START,
     )
+    model.compile(optimizer=make_optimizer(args), loss=make_loss(args))
+    return model
+
+
+def make_optimizer(args):
     # Noam: η = η₀·min(n^-½, n·w^-1.5) peaks at η₀·w^-½ after w warm-up steps.
     schedule = NoamSchedule(args.learning_rate * args.warmup_steps**0.5, args.warmup_steps)
-    model.compile(
-        optimizer=keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
-                                        clipnorm=1.0),
-        loss=SmoothedSparseCrossEntropy(args.label_smoothing, pad_token_id=PAD),
+    return keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, clipnorm=1.0)
+
+
+def make_loss(args):
+    return SmoothedSparseCrossEntropy(args.label_smoothing, pad_token_id=PAD)
+
+
+def source_inputs(test, source_length):
+    """The held-out sources as `generate`'s encoder inputs."""
+    sources = np.full((len(test), source_length), PAD, "int32")
+    for row, (source, _) in enumerate(test):
+        sources[row, : len(source)] = source
+    return {"encoder_token_ids": sources, "encoder_padding_mask": (sources != PAD).astype("int32")}
+
+
+def translate(model, test, source_length, target_length, sampler):
+    """`(exact match, predictions, outputs of generate)` on `test` with `sampler`."""
+    outputs = model.generate(
+        source_inputs(test, source_length),
+        max_length=target_length + 1,  # [start] + target + [end]
+        stop_token_ids=[END],
+        sampler=sampler,
     )
+    predictions = [detokenize(row[1:]) for row in outputs["decoder_token_ids"]]
+    references = [detokenize(target) for _, target in test]
+    correct = sum(p == r for p, r in zip(predictions, references))
+    return correct / max(len(test), 1), predictions, outputs
+
+
+def use_one_torch_thread():
+    if keras.config.backend() == "torch" and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        # The ops of a model this small are tiny: with several threads PyTorch spends more
+        # time handing work between them than computing. Set OMP_NUM_THREADS to choose otherwise.
+        torch.set_num_threads(1)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    started = time.perf_counter()
+    use_one_torch_thread()
+    keras.utils.set_random_seed(args.seed)
+    train, test, source_length, target_length, (x, y, sample_weight) = make_data(args)
+    model = build_model(args, source_length, target_length)
     print(f"backend {keras.config.backend()}, task {args.task}, {len(train)} training / "
           f"{len(test)} held-out pairs, {model.count_params()} parameters")
     model.fit(x, y, sample_weight=sample_weight, batch_size=args.batch_size,
@@ -154,26 +194,17 @@ def main(argv=None):
 
     import keras_hub
 
-    sources = np.full((len(test), source_length), PAD, "int32")
-    for row, (source, _) in enumerate(test):
-        sources[row, : len(source)] = source
-    outputs = model.generate(
-        {"encoder_token_ids": sources, "encoder_padding_mask": (sources != PAD).astype("int32")},
-        max_length=target_length + 1,  # [start] + target + [end]
-        stop_token_ids=[END],
-        sampler=keras_hub.samplers.BeamSampler(num_beams=args.num_beams),
-    )["decoder_token_ids"]
-    predictions = [detokenize(row[1:]) for row in outputs]
+    sampler = keras_hub.samplers.BeamSampler(num_beams=args.num_beams)
+    score, predictions, _ = translate(model, test, source_length, target_length, sampler)
     references = [detokenize(target) for _, target in test]
-    correct = sum(p == r for p, r in zip(predictions, references))
     for (source, _), prediction, reference in list(zip(test, predictions, references))[:3]:
         print(f"  {detokenize(source):>22} -> {prediction:<12} (expected {reference})")
     finished = time.perf_counter()
     print(f"exact match (beam search, {args.num_beams} beams, {len(test)} held-out): "
-          f"{correct / max(len(test), 1):.4f}")
+          f"{score:.4f}")
     print(f"time: {finished - started:.1f} s (training {trained - started:.1f} s, "
           f"decoding {finished - trained:.1f} s)")
-    return correct / max(len(test), 1)
+    return score
 
 
 if __name__ == "__main__":

@@ -24,6 +24,14 @@ TINY_RUNS = {
          "--intermediate-dim", "32", "--num-beams", "2", "--verbose", "0"],
         ["exact match", "time:"],
     ),
+    "distill_translate.py": (
+        ["--examples", "64", "--eval-examples", "4", "--epochs", "1", "--batch-size", "32",
+         "--max-digits", "3", "--num-layers", "2", "--hidden-dim", "16", "--num-heads", "2",
+         "--intermediate-dim", "32", "--num-beams", "2", "--verbose", "0",
+         "--sequence-level", "--hidden-weight", "0.5"],
+        ["teacher", "student, from scratch", "student, word-level distillation",
+         "student, sequence-level + word-level", "tokens/s", "time:"],
+    ),
     "classify.py": (
         ["--examples", "64", "--eval-examples", "32", "--epochs", "1", "--batch-size", "32",
          "--max-length", "8", "--num-layers", "1", "--hidden-dim", "16", "--num-heads", "2",

@@ -8,6 +8,8 @@ from keras_xf.ops.attention import repeat_kv_heads
 from keras_xf.ops.attention import scaled_dot_product_attention
 from keras_xf.ops.block_sparse_attention import block_sparse_attention
 from keras_xf.ops.cross_entropy import chunked_cross_entropy
+from keras_xf.ops.distillation import hidden_state_loss
+from keras_xf.ops.distillation import soft_target_loss
 from keras_xf.ops.masks import causal_mask
 from keras_xf.ops.masks import expand_attention_mask
 from keras_xf.ops.masks import key_padding_to_attention_mask

@@ -1,12 +1,14 @@
-"""Training utilities: schedules, losses, batching helpers and model growth."""
+"""Training utilities: schedules, losses, batching helpers, model growth and distillation."""
 
 from keras_xf.training.batching import language_model_examples
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
 from keras_xf.training.early_exit_loss import EarlyExitLoss
 from keras_xf.training.early_exit_loss import final_exit_accuracy
+from keras_xf.training.distiller import Distiller
 from keras_xf.training.batching import pack_sequences
 from keras_xf.training.batching import seq2seq_examples
 from keras_xf.training.noam_schedule import NoamSchedule
+from keras_xf.training.sequence_distillation import sequence_distillation_data
 from keras_xf.training.smoothed_cross_entropy import SmoothedSparseCrossEntropy
 from keras_xf.training.time_limit import TimeLimit
 from keras_xf.training.grow_depth import grow_depth
