@@ -3,19 +3,19 @@
 import keras
 
 
-def _strip_shared_ids(config):
+def _strip_shared_ids(config, keys=("shared_object_id",)):
     """A plain copy of a serialised config (dicts, lists and tuples rebuilt, leaves kept)
-    without Keras's `shared_object_id` markers, so that deserialising makes new objects
-    instead of reusing ones seen before in the same saving or loading scope.
+    without Keras's `shared_object_id` markers (or whichever `keys`), so that deserialising
+    makes new objects instead of reusing ones seen before in the same saving or loading scope.
 
     Not `copy.deepcopy`: a config kept as a layer attribute is a Keras tracked container
     whose tracker refers to the layer's sub-layers, and deep-copying it would pickle them."""
     if isinstance(config, dict):
-        return {k: _strip_shared_ids(v) for k, v in config.items() if k != "shared_object_id"}
+        return {k: _strip_shared_ids(v, keys) for k, v in config.items() if k not in keys}
     if isinstance(config, list):
-        return [_strip_shared_ids(v) for v in config]
+        return [_strip_shared_ids(v, keys) for v in config]
     if isinstance(config, tuple):
-        return tuple(_strip_shared_ids(v) for v in config)
+        return tuple(_strip_shared_ids(v, keys) for v in config)
     return config
 
 
@@ -24,6 +24,18 @@ def serialize_layer(layer):
     if isinstance(layer, keras.layers.Layer):
         layer = keras.saving.serialize_keras_object(layer)
     return _strip_shared_ids(layer)
+
+
+def serialize_template(layer):
+    """A serialised config of a template layer (a layer or a serialised dict) without the
+    build configs of the layer and of its sub-layers: the copies a stack makes of a template
+    that was already built or called are unbuilt, and the stack builds them.
+
+    Only for templates: `clone_layer` keeps build configs, which loading a saved layer needs
+    (a sub-layer that its parent's `build` does not build is built from its own)."""
+    if isinstance(layer, keras.layers.Layer):
+        layer = keras.saving.serialize_keras_object(layer)
+    return _strip_shared_ids(layer, ("shared_object_id", "build_config"))
 
 
 def clone_layer(layer, **config_overrides):

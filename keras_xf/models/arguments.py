@@ -86,14 +86,15 @@ MODEL_STACK_ARGUMENTS = ("self", "block", "num_layers", "share_attention_maps",
                          "depth_initialization", "kwargs")
 
 
-def check_stack_options(stack_options):
+def check_stack_options(stack_options, model_arguments=()):
     """`None`, or a dict of `TransformerStack` arguments other than those the model sets
-    itself (`block`, `num_layers`, `share_attention_maps`, `depth_initialization`); returned
+    itself (`block`, `num_layers`, `share_attention_maps`, `depth_initialization`, and the
+    names in `model_arguments`, e.g. `share_score_biases` of an encoder-decoder); returned
     as a plain dict."""
     if stack_options is None:
         return None
     allowed = sorted(set(inspect.signature(TransformerStack.__init__).parameters)
-                     - set(MODEL_STACK_ARGUMENTS))
+                     - set(MODEL_STACK_ARGUMENTS) - set(model_arguments))
     if not isinstance(stack_options, dict) or set(stack_options) - set(allowed):
         raise ValueError(
             f"stack_options must be None or a dict with keys among {allowed}. Received: "

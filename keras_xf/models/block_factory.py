@@ -1,13 +1,21 @@
-"""Builds the default Transformer block of a model from its hyperparameters."""
+"""Builds the default Transformer block of a model from its hyperparameters, and a model's
+stack of layers from a block template."""
 
 import keras
 
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
+from keras_xf.layers.blocks.reversible_stack import ReversibleStack
+from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import serialize_layer
+from keras_xf.layers.cloning import serialize_template
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.embeddings.rotary_embedding import RotaryEmbedding
 from keras_xf.layers.feedforward.feed_forward import FeedForward
+
+# The sides of an encoder-decoder, as keys of a per-side `depth_initialization`.
+SIDES = ("encoder", "decoder")
+
 
 def default_block(
     num_heads,
@@ -44,7 +52,7 @@ def serialize_block(block):
     if isinstance(block, (list, tuple)):
         return [serialize_block(b) for b in block]
     if isinstance(block, keras.layers.Layer):
-        return serialize_layer(block)
+        return serialize_template(block)
     return block
 
 
@@ -58,7 +66,7 @@ def prepare_block(block, position, cross_attention=False):
                 "block must be a block or a non-empty list of blocks. Received: block=[]"
             )
         return [prepare_block(b, position, cross_attention) for b in block]
-    block = clone_layer(block)  # a fresh copy
+    block = clone_layer(serialize_template(block))  # a fresh, unbuilt copy
     config = serialize_layer(block)["config"]
     mixer = config["mixer"]
     if position == "rotary" and mixer["class_name"] == "MultiHeadAttention":
@@ -91,3 +99,27 @@ def prepare_block(block, position, cross_attention=False):
     if not cross_attention and config.get("cross_attention") is not None:
         raise ValueError("An encoder or decoder-only block cannot have cross_attention.")
     return block.__class__.from_config(config)
+
+
+def side_depth_initialization(depth_initialization, side):
+    """The `depth_initialization` of one side (`"encoder"` or `"decoder"`) of an
+    encoder-decoder model: the dict itself, applied to both stacks, or its entry `side` when
+    it is given per side (`{"encoder": {...}, "decoder": {...}}`, e.g. DeepNorm's constants
+    of each side); `None` when that side has none."""
+    if isinstance(depth_initialization, dict) and depth_initialization and set(
+            depth_initialization) <= set(SIDES):
+        return depth_initialization.get(side)
+    return depth_initialization
+
+
+def build_stack(template, num_layers, policy, name, depth_initialization=None,
+                stack_options=None, reversible=False, **arguments):
+    """The stack of a model: a `TransformerStack` of `num_layers` copies of `template` with
+    the model's `depth_initialization`, its `stack_options` (checked by
+    `arguments.check_stack_options`) and its own stack `arguments` (e.g.
+    `share_attention_maps`, `share_score_biases`), or a `ReversibleStack` when
+    `reversible` (which takes none of them)."""
+    if reversible:
+        return ReversibleStack(template, num_layers, dtype=policy, name=name)
+    return TransformerStack(template, num_layers, depth_initialization=depth_initialization,
+                            dtype=policy, name=name, **arguments, **(stack_options or {}))

@@ -3,15 +3,17 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.models.arguments import block_template
 from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import check_stack_options
 from keras_xf.models.arguments import record_config
 from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
+from keras_xf.models.block_factory import build_stack
 from keras_xf.models.block_factory import prepare_block
+from keras_xf.models.block_factory import side_depth_initialization
 from keras_xf.ops.checks import check_padding_mask
 
 
@@ -39,6 +41,15 @@ class Seq2SeqBackbone(FunctionalModel):
         num_decoder_layers: int; `None` = `num_layers`.
         share_score_biases: bool, each stack's layers use its first layer's score biases
             (one relative-position bias per stack, as in T5; see `TransformerStack`).
+        depth_initialization: optional dict, the depth-aware initialisation of both
+            stacks' projection kernels (survey §4.2.2; see `TransformerStack`), or one per
+            side, `{"encoder": {...}, "decoder": {...}}` (e.g. DeepNorm's constants of an
+            encoder-decoder, `deep_norm(N, M)[side].depth_initialization()`); a side
+            missing from it keeps its layers' own initializers.
+        stack_options: optional dict of further `TransformerStack` arguments given to the
+            encoder and the decoder stacks alike (fusion, layer drop, parameter sharing,
+            multi-step residuals; see `TransformerBackbone`). The decoder's options act on
+            each position alone, so cached decoding works with them.
         position, num_key_value_heads, activation, norm_placement, normalization, dropout,
         tie_embeddings, embedding_scale, dtype: as in `TransformerBackbone`.
 
@@ -69,10 +80,13 @@ class Seq2SeqBackbone(FunctionalModel):
         tie_embeddings=True,
         embedding_scale=False,
         share_score_biases=False,
+        depth_initialization=None,
+        stack_options=None,
         dtype=None,
         **kwargs,
     ):
         check_model_arguments(locals())
+        stack_options = check_stack_options(stack_options, ("share_score_biases",))
         source_vocabulary = source_vocabulary_size or vocabulary_size
         if share_embeddings and source_vocabulary != vocabulary_size:
             raise ValueError(
@@ -104,11 +118,14 @@ class Seq2SeqBackbone(FunctionalModel):
             self.encoder_embeddings = TokenAndPositionEmbedding(
                 source_vocabulary, hidden_dim, name="encoder_embeddings", **embedding_args
             )
-        self.encoder = TransformerStack(encoder_template, num_layers, dtype=policy,
-                                        share_score_biases=share_score_biases, name="encoder")
-        self.decoder = TransformerStack(
-            decoder_template, num_decoder_layers or num_layers, dtype=policy,
-            share_score_biases=share_score_biases, name="decoder"
+        self.encoder, self.decoder = (
+            build_stack(template, layers, policy, side, stack_options=stack_options,
+                        depth_initialization=side_depth_initialization(depth_initialization,
+                                                                       side),
+                        share_score_biases=share_score_biases)
+            for template, layers, side in (
+                (encoder_template, num_layers, "encoder"),
+                (decoder_template, num_decoder_layers or num_layers, "decoder"))
         )
 
         # Functional model

@@ -3,8 +3,6 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.blocks.reversible_stack import ReversibleStack
-from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.models.arguments import block_template
 from keras_xf.models.arguments import check_model_arguments
@@ -15,6 +13,7 @@ from keras_xf.models.arguments import takes_segment_ids
 from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
+from keras_xf.models.block_factory import build_stack
 from keras_xf.models.block_factory import prepare_block
 from keras_xf.ops.checks import check_positive_int
 
@@ -141,20 +140,11 @@ class TransformerBackbone(FunctionalModel):
             dtype=policy,
             name="embeddings",
         )
-        if reversible:
-            self.transformer_stack = ReversibleStack(
-                template, num_layers, dtype=policy, name="transformer_stack"
-            )
-        else:
-            self.transformer_stack = TransformerStack(
-                template,
-                num_layers,
-                share_attention_maps=share_attention_maps,
-                depth_initialization=depth_initialization,
-                dtype=policy,
-                name="transformer_stack",
-                **(stack_options or {}),
-            )
+        self.transformer_stack = build_stack(
+            template, num_layers, policy, "transformer_stack",
+            depth_initialization=depth_initialization, stack_options=stack_options,
+            reversible=reversible, share_attention_maps=share_attention_maps,
+        )
 
         # Functional model
         inputs = token_inputs(segments=takes_segment_ids(num_segments))

@@ -2,16 +2,17 @@
 
 import keras
 
-from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.embeddings.class_token import ClassToken
 from keras_xf.layers.embeddings.patch_embedding import PatchEmbedding
 from keras_xf.layers.embeddings.patch_position_embedding import PatchPositionEmbedding
 from keras_xf.models.arguments import block_template
 from keras_xf.models.arguments import check_image_shape
 from keras_xf.models.arguments import check_model_arguments
+from keras_xf.models.arguments import check_stack_options
 from keras_xf.models.arguments import record_config
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.backbone import layer_dtype
+from keras_xf.models.block_factory import build_stack
 from keras_xf.models.block_factory import prepare_block
 
 POSITIONS = ("learned", "sinusoidal_2d", "none")
@@ -47,6 +48,10 @@ class VisionBackbone(FunctionalModel):
         normalization: `"layer_norm"`, `"rms_norm"` or `"offset_rms_norm"` for the default
             block.
         dropout: float, dropout of the embeddings and of the default block.
+        depth_initialization: optional dict, the stack's depth-aware initialisation of its
+            projection kernels (survey §4.2.2; see `TransformerStack`).
+        stack_options: optional dict of further `TransformerStack` arguments (fusion,
+            layer drop, parameter sharing, multi-step residuals; see `TransformerBackbone`).
         dtype: a dtype policy name or object.
 
     Inputs: `{"images": [B, H, W, C]}` (channels last; integer images are cast).
@@ -75,11 +80,14 @@ class VisionBackbone(FunctionalModel):
         norm_placement="pre",
         normalization="layer_norm",
         dropout=0.0,
+        depth_initialization=None,
+        stack_options=None,
         dtype=None,
         **kwargs,
     ):
         check_model_arguments(locals())
         image_shape = check_image_shape(image_shape, patch_size)
+        stack_options = check_stack_options(stack_options)
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}. Received: positions={positions!r}")
         block = block_template(block, locals())
@@ -108,8 +116,9 @@ class VisionBackbone(FunctionalModel):
             self.embedding_dropout = keras.layers.Dropout(
                 dropout, dtype=policy, name="embedding_dropout"
             )
-        self.transformer_stack = TransformerStack(
-            template, num_layers, dtype=policy, name="transformer_stack"
+        self.transformer_stack = build_stack(
+            template, num_layers, policy, "transformer_stack",
+            depth_initialization=depth_initialization, stack_options=stack_options,
         )
 
         # Functional model

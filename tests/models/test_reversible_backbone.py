@@ -7,8 +7,8 @@ import pytest
 
 from keras_xf.layers import ReversibleStack
 from tests.layer_checks import to_numpy
-from tests.models.test_stack_options import cached_logits
 from tests.models.tiny import causal_lm
+from tests.models.tiny import check_decoding_equals_full_pass
 from tests.models.tiny import randomize_embeddings
 from tests.models.tiny import text_classifier
 from tests.models.tiny import token_batch
@@ -17,18 +17,7 @@ from tests.models.tiny import token_batch
 def test_cached_decoding_and_generate_equal_the_full_pass(rng):
     model = randomize_embeddings(causal_lm(num_layers=3, reversible=True))
     assert isinstance(model.backbone.transformer_stack, ReversibleStack)
-    batch = token_batch(rng)
-    full = to_numpy(model(batch, training=False))
-    np.testing.assert_allclose(cached_logits(model, batch["token_ids"]), full,
-                               atol=1e-4, rtol=1e-4)
-    prompt = batch["token_ids"][:, :4]
-    generated = np.asarray(model.generate({"token_ids": prompt,
-                                           "padding_mask": np.ones_like(prompt)},
-                                          max_length=7)["token_ids"])
-    for t in range(4, 7):
-        step = to_numpy(model({"token_ids": generated[:, :t],
-                               "padding_mask": np.ones_like(generated[:, :t])}))
-        np.testing.assert_array_equal(generated[:, t], step[:, -1].argmax(-1))
+    check_decoding_equals_full_pass(model, token_batch(rng), max_length=7)
 
 
 def test_training_step_matches_plain_autodiff(rng):

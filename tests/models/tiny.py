@@ -7,11 +7,13 @@ of 8 and targets of 6 tokens): eager JAX compiles every op once per shape.
 
 import keras
 import numpy as np
+from keras import ops
 
 from keras_xf.models import CausalLM
 from keras_xf.models import Seq2SeqLM
 from keras_xf.models import TextClassifier
 from keras_xf.models import TextEncoder
+from tests.layer_checks import to_numpy
 
 VOCAB, WIDTH, HEADS, FFN, LAYERS, LENGTH = 32, 16, 2, 32, 2, 12
 SIZES = dict(vocabulary_size=VOCAB, hidden_dim=WIDTH, num_heads=HEADS, intermediate_dim=FFN,
@@ -96,3 +98,49 @@ def block_params(d=WIDTH, ffn=FFN, cross=False, **attention):
 
 def dtype_name(x):
     return keras.backend.standardize_dtype(x.dtype)
+
+
+def _encoder_context(model, batch):
+    """`(first-call, later-call)` keyword arguments of `call_with_cache`: the encoder's
+    outputs and mask for an encoder-decoder `model`, none for a decoder-only one."""
+    if not isinstance(model, Seq2SeqLM):
+        return {}, {}
+    mask = ops.cast(batch["encoder_padding_mask"], "bool")
+    encoded = model.backbone.encode(batch["encoder_token_ids"], batch["encoder_padding_mask"])
+    return {"encoder_outputs": encoded, "encoder_padding_mask": mask}, {
+        "encoder_padding_mask": mask}
+
+
+def cached_logits(model, batch, prefill=5):
+    """The logits of `model` (a `CausalLM` or `Seq2SeqLM`) on the prompt ids of `batch`,
+    computed with its cache: a prefill of `prefill` tokens, then one token per call."""
+    token_ids = batch[model.prompt_keys[0]]
+    first, later = _encoder_context(model, batch)
+    size = (token_ids.shape[0], token_ids.shape[1])
+    if first:
+        size += (first["encoder_outputs"].shape[1],)
+    cache = model.init_cache(*size)
+    logits, _, cache = model.call_with_cache(token_ids[:, :prefill], cache, 0, **first)
+    steps = [to_numpy(logits)]
+    for t in range(prefill, token_ids.shape[1]):
+        logits, _, cache = model.call_with_cache(token_ids[:, t:t + 1], cache, t, **later)
+        steps.append(to_numpy(logits))
+    return np.concatenate(steps, axis=1)
+
+
+def check_decoding_equals_full_pass(model, batch, prompt_length=4, max_length=8):
+    """Cached decoding of `batch`'s prompt ids gives the logits of the full pass, and greedy
+    `generate` from its first `prompt_length` tokens picks the argmax of the full pass at
+    every step. `model`: a `CausalLM` or `Seq2SeqLM` (`batch` then holds the sources)."""
+    ids_key, mask_key = model.prompt_keys
+    full = to_numpy(model(batch, training=False))
+    np.testing.assert_allclose(cached_logits(model, batch), full, atol=1e-4, rtol=1e-4)
+    prompt = batch[ids_key][:, :prompt_length]
+    extras = {key: value for key, value in batch.items() if key not in model.prompt_keys}
+    generated = np.asarray(model.generate(
+        {**extras, ids_key: prompt, mask_key: np.ones_like(prompt)},
+        max_length=max_length)[ids_key])
+    for t in range(prompt_length, max_length):
+        inputs = {**extras, ids_key: generated[:, :t], mask_key: np.ones_like(generated[:, :t])}
+        np.testing.assert_array_equal(generated[:, t],
+                                      to_numpy(model(inputs))[:, -1].argmax(-1))

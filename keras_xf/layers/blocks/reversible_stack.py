@@ -13,7 +13,7 @@ from keras_xf.layers.blocks.reversible_block import couple
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
-from keras_xf.layers.cloning import serialize_layer
+from keras_xf.layers.cloning import serialize_template
 from keras_xf.layers.residual.residual import make_normalization
 from keras_xf.ops.backend_specific import vjp
 from keras_xf.ops.checks import check_output_length
@@ -31,7 +31,7 @@ def _reversible_template(block):
             "no cross_attention and dropout=0 (the inverse must recompute the same values). "
             f"Received: cross_attention={type(block.cross_attention).__name__}, feedforward="
             f"{type(block.feedforward).__name__}, dropout={block.dropout}")
-    return ReversibleBlock(serialize_layer(block.mixer), serialize_layer(block.feedforward),
+    return ReversibleBlock(serialize_template(block.mixer), serialize_template(block.feedforward),
                            normalization=block.normalization, epsilon=block.epsilon)
 
 
@@ -90,7 +90,7 @@ class ReversibleStack(PassesMixerArguments, keras.layers.Layer):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool. Received: {name}={value!r}")
         template = _reversible_template(block)
-        self._block_config = serialize_layer(template)
+        self._block_config = serialize_template(template)
         self.num_layers = num_layers
         self.final_norm = final_norm
         self.recompute = recompute

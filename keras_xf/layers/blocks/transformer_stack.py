@@ -23,7 +23,7 @@ from keras_xf.layers.blocks.multistep_residual import layer_coefficients
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
-from keras_xf.layers.cloning import serialize_layer
+from keras_xf.layers.cloning import serialize_template
 from keras_xf.layers.residual.residual import FINAL_NORM_PLACEMENTS
 from keras_xf.layers.residual.residual import make_normalization
 from keras_xf.ops.checks import check_output_length
@@ -86,10 +86,11 @@ def _validate_bias_sharing(share_score_biases, templates):
 def _serialize_templates(block):
     """One serialised template, or a list of them for a hybrid stack."""
     if not isinstance(block, (list, tuple)):
-        return serialize_layer(as_layer(block, "block", kind=BLOCKS))
+        return serialize_template(as_layer(block, "block", kind=BLOCKS))
     if not block:
         raise ValueError("block must be a block or a non-empty list of blocks. Received: block=[]")
-    return [serialize_layer(as_layer(b, f"block[{i}]", kind=BLOCKS)) for i, b in enumerate(block)]
+    return [serialize_template(as_layer(b, f"block[{i}]", kind=BLOCKS))
+            for i, b in enumerate(block)]
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -128,7 +129,9 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     - Layer drop (`layer_drop = p = 1 − ρ`): in training `z^l = Z^l + g·f^l`, `g ~
       Bernoulli(ρ)` per example, a multiplicative gate (every layer is computed; no branch
       on tensors, so it compiles under XLA); at inference `z^l = Z^l + ρ·f^l`, the survey's
-      rescaling (`LayerDrop`). `prune(layers)` keeps a subset of the layers.
+      rescaling (`LayerDrop`). `prune(layers)` keeps a subset of the layers (with
+      `"average"` or `"weighted_sum"` fusion, or multi-step residuals, restricted to the
+      kept layers; not with the other fusions, tied to the layer count).
     - Parameter sharing (`share_layers`): `θ^{l_1} = … = θ^{l_n}` for the layers of a group;
       shared layers are the same block object, counted and saved once.
     - Linear multi-step residuals (`multistep`): `z^l = Σ_i a_i z^{l−i} + Σ_i b_i f^{l−i+1}`

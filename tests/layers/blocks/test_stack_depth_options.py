@@ -182,10 +182,62 @@ def test_prune_keeps_the_chosen_layers(x, rng):
             stack.prune(bad)
     with pytest.raises(ValueError, match="built"):
         make_stack().prune([0])
-    with pytest.raises(ValueError, match="without fusion"):
-        fused = make_stack(fusion="average")
+    for fusion in ("feedforward", "attention"):
+        fused = make_stack(fusion=fusion)
         fused.build(x.shape)
-        fused.prune([0])
+        with pytest.raises(ValueError, match=f"fusion='{fusion}'"):
+            fused.prune([0])
+
+
+@pytest.mark.parametrize("fusion, normalization", [("average", "layer_norm"),
+                                                   ("weighted_sum", None),
+                                                   ("weighted_sum", "layer_norm")])
+def test_prune_restricts_fusion_to_the_kept_layers(x, rng, fusion, normalization):
+    stack = make_stack(num_layers=4, fusion=fusion, fusion_normalization=normalization)
+    stack.build(x.shape)
+    for layer in stack.fusions:
+        randomize_weights(layer, rng, scale=0.5)
+    kept = [1, 3]
+    pruned = stack.prune(kept)
+    # Fusion j of the pruned stack is the old fusion of layer k_j on z^0 and the kept
+    # layers' outputs.
+    fusions = [fusion_function(stack.fusions[k]) for k in kept]
+    inputs = [[0] + [k + 1 for k in kept[:j + 1]] for j in range(len(kept))]
+    if fusion == "weighted_sum":
+        fusions = [fusion_function(f) for f in pruned.fusions]
+        for j, k in enumerate(kept):
+            np.testing.assert_allclose(to_float64(pruned.fusions[j].fusion_weights),
+                                       to_float64(stack.fusions[k].fusion_weights)[inputs[j]])
+    else:
+        assert all(len(f.weights) == len(stack.fusions[0].weights) for f in pruned.fusions)
+    blocks = block_functions(stack)
+    expected = oracle.fused_stack(x.astype("float64"), [blocks[k] for k in kept], fusions)
+    np.testing.assert_allclose(to_float64(pruned(x, use_causal_mask=True)), expected,
+                               atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("learn", [False, True])
+def test_prune_restricts_multistep_to_the_kept_layers(x, rng, learn):
+    stack = make_stack(num_layers=4, multistep="adams_bashforth_3", learn_multistep=learn)
+    stack.build(x.shape)
+    if learn:
+        for step in stack.multisteps:
+            randomize_weights(step, rng)
+    kept = [0, 2, 3]
+    pruned = stack.prune(kept)
+    if learn:
+        # Layer j of the pruned stack weights the newest earlier output and its min(3, j + 1)
+        # newest increments of the kept sequence with the coefficients of layer k_j.
+        coefficients = [(to_float64(stack.multisteps[k].a_weights),
+                         to_float64(stack.multisteps[k].b_weights)[:min(3, j + 1)])
+                        for j, k in enumerate(kept)]
+    else:  # the same fixed scheme over the kept sequence
+        coefficients = [([1.0], oracle.ADAMS_BASHFORTH_B[min(3, j + 1)]) for j in range(3)]
+    blocks = block_functions(stack)
+    expected = oracle.multistep_stack(x.astype("float64"), [blocks[k] for k in kept],
+                                      coefficients)
+    np.testing.assert_allclose(to_float64(pruned(x, use_causal_mask=True)), expected,
+                               atol=2e-5, rtol=1e-4)
 
 
 def test_layer_drop_validates():

@@ -70,6 +70,25 @@ def test_build_clones_the_template():
     assert tuple(stack.compute_output_shape((BATCH, LENGTH, WIDTH))) == (BATCH, LENGTH, WIDTH)
 
 
+@pytest.mark.parametrize("norm_placement", ["pre", "post", "rezero"])
+def test_a_built_template_gives_fresh_unbuilt_clones(rng, norm_placement):
+    template = make_template(norm_placement=norm_placement)
+    inputs = make_inputs(rng)
+    template(inputs)
+    stack = TransformerStack(template, LAYERS, share_layers=[0, 1])
+    assert not any(block.built for block in stack.blocks)
+    assert to_numpy(stack(inputs)).shape == (BATCH, LENGTH, WIDTH)
+    unbuilt = TransformerStack(make_template(norm_placement=norm_placement), LAYERS)
+    unbuilt.build((BATCH, LENGTH, WIDTH))
+    assert count_params(stack) == count_params(unbuilt)
+    kernel = to_numpy(template.mixer.query_dense.kernel)
+    assert not any(np.allclose(to_numpy(block.mixer.query_dense.kernel), kernel)
+                   for block in stack.blocks)
+    # The stack's config describes unbuilt templates, so it round-trips.
+    assert "build_config" not in str(stack.get_config()["block"])
+    check_config_round_trip(stack)
+
+
 def test_clones_have_distinct_weights(rng):
     stack = make_stack()
     stack(make_inputs(rng))
