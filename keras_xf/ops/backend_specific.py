@@ -97,8 +97,13 @@ def writes_cache_in_place():
 
 def write_cache_in_place(cache, update, index):
     """`cache[:, :, index : index + t] = update` in place (PyTorch's `index_copy_`), returning
-    `cache`: `keras.ops` has no in-place write (see `cache_updates_in_place`)."""
+    `cache`: `keras.ops` has no in-place write (see `cache_updates_in_place`). A cache that
+    is a broadcast view (stride 0, e.g. one row repeated for the beams of a beam search) is
+    copied into memory of its own first, once: several of its elements share one location."""
     import torch
+
+    if any(stride == 0 and size > 1 for stride, size in zip(cache.stride(), cache.shape)):
+        cache = cache.contiguous()
 
     positions = torch.arange(update.shape[2], device=cache.device) + torch.as_tensor(
         index, device=cache.device

@@ -71,6 +71,14 @@ def test_each_row_is_independent_of_the_others(model, greedy):
     np.testing.assert_array_equal(np.array(shuffled), greedy[order])
 
 
+def test_beam_search_after_another_batch_size(model):
+    """One source after a batch of two: its beams are one row repeated, a broadcast view
+    that the in-place cache write of PyTorch copies before writing."""
+    two = np.array(model.generate(SOURCES[:2], max_length=MAX_LENGTH, sampler="beam"))
+    one = np.array(model.generate(SOURCES[:1], max_length=MAX_LENGTH, sampler="beam"))
+    np.testing.assert_array_equal(one[0], two[0])
+
+
 def test_decoder_prompts_are_kept_and_continued(model, greedy):
     prefix = 3
     inputs = padded_sources()
