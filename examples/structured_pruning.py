@@ -133,8 +133,10 @@ def main(argv=None):
         rows.append((f"pruned ({method})", prune_structure(model, heads=heads, units=units)))
         if method == "gradient":
             kept = heads
+            rows.append(("heads only (gradient)", prune_structure(model, heads=heads)))
+            rows.append(("units only (gradient)", prune_structure(model, units=units)))
     print("kept heads per layer (gradient):", kept)
-    pruned = rows[1][1]
+    pruned = rows[1][1]  # heads and units, by gradient
     finetuned = prune_structure(pruned)  # a copy with the same weights, fine-tuned below
     finetuned.compile(optimizer=keras.optimizers.AdamW(3e-4))
     x_tune, y_tune = windows(train_ids, args.finetune_steps * args.batch_size, args.length, rng)
