@@ -89,6 +89,13 @@ TINY_RUNS = {
          "--output", "{tmp}/curves.png"],
         ["2 layers, post:", "2 layers, deep_norm:", "validation loss", "wrote"],
     ),
+    "structured_pruning.py": (
+        ["--steps", "2", "--finetune-steps", "1", "--batch-size", "4", "--length", "16",
+         "--num-layers", "2", "--hidden-dim", "16", "--num-heads", "2",
+         "--intermediate-dim", "32", "--score-batches", "1", "--eval-batches", "1",
+         "--timing-repeats", "1", "--max-characters", "20000"],
+        ["layer importance", "pruned (gradient)", "pruned (magnitude)", "tokens/s"],
+    ),
 }
 TIMEOUT_SECONDS = 300  # generous: a tiny run is short, but the machine may be shared.
 

@@ -4,9 +4,13 @@ from keras_xf.models.causal_lm import CausalLM
 from keras_xf.models.early_exit_classifier import EarlyExitClassifier
 from keras_xf.models.early_exit_predictor import EarlyExitPredictor
 from keras_xf.models.generative_task import GenerativeTask
+from keras_xf.models.importance import importance_scores
+from keras_xf.models.importance import layer_importance
+from keras_xf.models.importance import top_indices
 from keras_xf.models.layer_pruning import prune_layers
 from keras_xf.models.presets import PRESETS
 from keras_xf.models.presets import preset_names
+from keras_xf.models.structured_pruning import prune_structure
 from keras_xf.models.seq2seq_backbone import Seq2SeqBackbone
 from keras_xf.models.seq2seq_lm import Seq2SeqLM
 from keras_xf.models.text_classifier import TextClassifier
