@@ -1,4 +1,4 @@
-"""int8 against float32: accuracy and speed of a `CausalLM` after `model.quantize("int8")`.
+"""int8 against float32: size, accuracy and speed of a `CausalLM` after `model.quantize("int8")`.
 
     KERAS_BACKEND=jax python -m benchmarks.quantized_serving [--steps 300] [--note "..."]
 
@@ -10,6 +10,8 @@ twice, and one copy is quantised with `model.quantize("int8")` (Keras quantises 
 channel / per token; keras_xf's tied `TokenEmbedding` table, one scale per token). On held-out
 windows:
 
+- size: bytes of the weights in memory (every variable: int8 kernels and tables with their
+  float32 scales, float32 norms and biases) and of each model's `.keras` file (no optimizer);
 - the largest |logit difference| and its ratio to the largest |logit|;
 - next-token accuracy of each model, and how often their argmax agrees;
 - greedy `generate` of `--new-tokens` characters from held-out prompts: the fraction of
@@ -88,6 +90,26 @@ def accuracy(models, codes, rng, args):
     }
 
 
+def weight_bytes(model):
+    """Bytes of the model's variables (kernels, tables, scales, norms, biases) in memory."""
+    return sum(int(np.prod(w.shape)) * np.dtype(keras.backend.standardize_dtype(w.dtype)).itemsize
+               for w in model.weights)
+
+
+def size(models, folder):
+    """Bytes of the weights in memory and of the `.keras` file, float32 and int8."""
+    results = {}
+    for name, model in models.items():
+        path = folder / f"lm_{name}.keras"
+        model.save(str(path))
+        results[f"weight_bytes_{name}"] = weight_bytes(model)
+        results[f"keras_file_bytes_{name}"] = os.path.getsize(path)
+    for kind in ("weight_bytes", "keras_file_bytes"):
+        results[f"{kind}_ratio_int8_over_float32"] = (
+            results[f"{kind}_int8"] / results[f"{kind}_float32"])
+    return results
+
+
 def speed(models, codes, rng, args, folder):
     from benchmarks import measure
 
@@ -163,8 +185,12 @@ def main():
     train_seconds = time.time() - began
     folder = pathlib.Path(tempfile.mkdtemp(prefix="quantized_serving_"))
     trained.save(str(folder / "lm.keras"))
-    models = {"float32": keras.saving.load_model(str(folder / "lm.keras")),
-              "int8": keras.saving.load_model(str(folder / "lm.keras"))}
+    # Loaded without the training optimizer (whose AdamW slots the `.keras` file would
+    # otherwise carry), so the file sizes below are the models' own.
+    models = {name: keras.saving.load_model(str(folder / "lm.keras"), compile=False)
+              for name in ("float32", "int8")}
+    for model in models.values():
+        model.compile()
     models["int8"].quantize("int8")
     held_out = codes[split:]
     result = {"backend": backend, "cpu": measure.cpu_name(), "note": args.note,
@@ -173,6 +199,7 @@ def main():
               "training_steps": args.steps, "training_loss": loss,
               "training_seconds": train_seconds, "prompt": args.prompt,
               "new_tokens": args.new_tokens, "repeats": args.repeats,
+              "size": size(models, folder),
               "accuracy": accuracy(models, held_out, rng, args),
               "speed": speed(models, held_out, rng, args, folder)}
     result["load_average_at_end"] = os.getloadavg()
