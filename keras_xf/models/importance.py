@@ -9,7 +9,7 @@ from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.models.layer_pruning import prune_layers
-from keras_xf.models.transformer_backbone import TransformerBackbone
+from keras_xf.models.layer_pruning import transformer_backbone_of
 from keras_xf.ops.backend_specific import vjp
 
 METHODS = ("gradient", "magnitude")
@@ -18,13 +18,7 @@ METHODS = ("gradient", "magnitude")
 def pruning_stack(model):
     """The `TransformerStack` of `model` (a `TransformerBackbone` or a task holding one as
     `model.backbone`), whose heads, units and layers structured pruning scores and removes."""
-    backbone = model if isinstance(model, TransformerBackbone) else getattr(model, "backbone",
-                                                                             None)
-    if not isinstance(backbone, TransformerBackbone):
-        raise ValueError(
-            "model must be a TransformerBackbone or a task with one as `backbone`. Received: "
-            f"model={type(model).__name__}"
-        )
+    backbone = transformer_backbone_of(model)
     stack = backbone.transformer_stack
     if not isinstance(stack, TransformerStack):
         raise ValueError(

@@ -10,6 +10,19 @@ def _backbone_config(config, stack, num_layers):
     return dict(config, num_layers=num_layers, stack_options=options or None)
 
 
+def transformer_backbone_of(model):
+    """`model` itself if it is a `TransformerBackbone`, else the one it holds as
+    `model.backbone`; a `ValueError` otherwise."""
+    backbone = model if isinstance(model, TransformerBackbone) else getattr(model, "backbone",
+                                                                             None)
+    if not isinstance(backbone, TransformerBackbone):
+        raise ValueError(
+            "model must be a TransformerBackbone or a task with one as `backbone`. Received: "
+            f"model={type(model).__name__}"
+        )
+    return backbone
+
+
 def prune_layers(model, layers):
     """A new model like `model` with only the Transformer layers `layers` (distinct,
     increasing 0-based indices, e.g. `range(0, L, 2)` for every other layer), which keep
@@ -30,13 +43,7 @@ def prune_layers(model, layers):
     Example:
     >>> half = prune_layers(lm, list(range(0, lm.backbone.num_layers, 2)))
     """
-    backbone = model if isinstance(model, TransformerBackbone) else getattr(model, "backbone",
-                                                                             None)
-    if not isinstance(backbone, TransformerBackbone):
-        raise ValueError(
-            "model must be a TransformerBackbone or a task with one as `backbone`. Received: "
-            f"model={type(model).__name__}"
-        )
+    backbone = transformer_backbone_of(model)
     layers = list(layers)
     old_stack = backbone.transformer_stack
     stack = old_stack.prune(layers)
