@@ -35,6 +35,7 @@ from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.compression.downsample import Downsample
 from keras_xf.layers.compression.token_pruning import TokenPruning
+from keras_xf.layers.compression.token_skip import TokenSkip
 from keras_xf.layers.compression.upsample import Upsample
 from keras_xf.layers.embeddings.class_token import ClassToken
 from keras_xf.layers.embeddings.learned_position_embedding import LearnedPositionEmbedding

@@ -118,6 +118,14 @@ def check_rate(name, value):
     return value
 
 
+def check_probability(name, value):
+    """A probability in `[0, 1]` (a decision threshold, a target fraction), as a float."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
+    if not ok:
+        raise ValueError(f"{name} must be a number in [0, 1]. Received: {name}={value!r}")
+    return float(value)
+
+
 def get_initializer(name, value):
     """`keras.initializers.get(value)`, raising a `ValueError` that names the argument.
 

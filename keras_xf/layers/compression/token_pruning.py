@@ -18,6 +18,45 @@ def kept_count(keep_ratio, length):
     return max(1, math.ceil(round(keep_ratio * length, 9)))
 
 
+def check_keep_ratio(name, value):
+    """A number in `(0, 1]` (a fraction of tokens kept), as a float."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
+    if not ok:
+        raise ValueError(f"{name} must be a number in (0, 1]. Received: {name}={value!r}")
+    return float(value)
+
+
+def static_kept_count(inputs, keep_ratio, ratio_name="keep_ratio"):
+    """`k = ⌈ρ·n⌉` for inputs `[B, n, d]` of static length `n` (`k` is a static shape)."""
+    length = inputs.shape[1]
+    if not isinstance(length, int):
+        raise ValueError(f"inputs must have a static length (k = ⌈{ratio_name}·n⌉ is a "
+                         f"static shape). Received: inputs.shape={tuple(inputs.shape)}")
+    return kept_count(keep_ratio, length)
+
+
+def token_scores(inputs, kernel, bias):
+    """`s_i = h_i w + b` in float32, `[B, n]`."""
+    return ops.einsum("bnd,d->bn", ops.cast(inputs, "float32"),
+                      ops.cast(kernel, "float32")) + ops.cast(bias, "float32")
+
+
+def top_token_indices(scores, valid, keep):
+    """The positions of the `keep` highest `scores` `[B, n]` among the `valid` tokens (padded
+    ones rank below every real one), in increasing order, int32 `[B, keep]`. The selection
+    has no gradient."""
+    ranked = ops.where(valid, ops.stop_gradient(scores), lowest_value("float32"))
+    return ops.sort(ops.cast(ops.top_k(ranked, keep)[1], "int32"), axis=-1)
+
+
+def gather_tokens(values, indices):
+    """`values[b, indices[b, j]]` for `values` `[B, n]` or `[B, n, d]` and `indices` `[B, k]`."""
+    if len(values.shape) == 2:
+        return ops.take_along_axis(values, indices, axis=1)
+    rows = ops.broadcast_to(indices[:, :, None], ops.shape(indices) + (values.shape[-1],))
+    return ops.take_along_axis(values, rows, axis=1)
+
+
 @keras.saving.register_keras_serializable(package="keras_xf")
 class TokenPruning(keras.layers.Layer):
     """Keeps the `k = ⌈ρ·n⌉` tokens of highest learned score, in their original order.
@@ -61,12 +100,7 @@ class TokenPruning(keras.layers.Layer):
     def __init__(self, keep_ratio=0.5, gate="multiply", kernel_initializer="glorot_uniform",
                  **kwargs):
         super().__init__(**kwargs)
-        ok = (isinstance(keep_ratio, (int, float)) and not isinstance(keep_ratio, bool)
-              and 0 < keep_ratio <= 1)
-        if not ok:
-            raise ValueError(f"keep_ratio must be a number in (0, 1]. Received: "
-                             f"keep_ratio={keep_ratio!r}")
-        self.keep_ratio = float(keep_ratio)
+        self.keep_ratio = check_keep_ratio("keep_ratio", keep_ratio)
         if gate not in GATES:
             raise ValueError(f"gate must be one of {GATES}. Received: gate={gate!r}")
         self.gate = gate
@@ -86,28 +120,19 @@ class TokenPruning(keras.layers.Layer):
     def _kept(self, inputs, padding_mask):
         check_sequence_width(inputs, self.width)
         check_padding_mask(padding_mask, inputs)
-        length = inputs.shape[1]
-        if not isinstance(length, int):
-            raise ValueError("inputs must have a static length (k = ⌈keep_ratio·n⌉ is a "
-                             f"static shape). Received: inputs.shape={tuple(inputs.shape)}")
-        return kept_count(self.keep_ratio, length)
+        return static_kept_count(inputs, self.keep_ratio)
 
     def call(self, inputs, padding_mask=None):
         keep = self._kept(inputs, padding_mask)
-        scores = ops.einsum("bnd,d->bn", ops.cast(inputs, "float32"),
-                            ops.cast(self.kernel, "float32")) + ops.cast(self.bias, "float32")
+        scores = token_scores(inputs, self.kernel, self.bias)
         if padding_mask is None:
             valid = ops.ones(ops.shape(scores), "bool")
         else:
             valid = ops.cast(padding_mask, "bool")
-        ranked = ops.where(valid, ops.stop_gradient(scores), lowest_value("float32"))
-        indices = ops.sort(ops.cast(ops.top_k(ranked, keep)[1], "int32"), axis=-1)
-        batch = ops.shape(inputs)[0]
-        rows = ops.broadcast_to(indices[:, :, None], (batch, keep, self.width))
-        kept = ops.take_along_axis(inputs, rows, axis=1)
-        kept_mask = ops.cast(ops.take_along_axis(ops.cast(valid, "int32"), indices, axis=1),
-                             "bool")
-        gates = ops.sigmoid(ops.take_along_axis(scores, indices, axis=1))
+        indices = top_token_indices(scores, valid, keep)
+        kept = gather_tokens(inputs, indices)
+        kept_mask = ops.cast(gather_tokens(ops.cast(valid, "int32"), indices), "bool")
+        gates = ops.sigmoid(gather_tokens(scores, indices))
         if self.gate == "straight_through":
             gates = 1.0 + gates - ops.stop_gradient(gates)
         outputs = kept * ops.cast(gates, kept.dtype)[:, :, None]
