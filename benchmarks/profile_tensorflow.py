@@ -3,12 +3,14 @@ token of the benchmark `CausalLM`, and one encoder batch of `TextEncoder` and ke
 `BertBackbone` side by side, from TensorFlow's profiler trace.
 
     KERAS_BACKEND=tensorflow python -m benchmarks.profile_tensorflow [--encoder-only]
+    KERAS_BACKEND=tensorflow python -m benchmarks.profile_tensorflow --training-pair
 
 Each phase is profiled after warm-up; the trace (`xplane.pb`) is summed over the op events of
 TensorFlow's compute threads ("scope/op:Type" in graph mode, "fusion_kind.N" inside XLA
 clusters such as the compiled decoding loop) and printed by op type, in milliseconds per
-training step or per decoded token; the encoders' table is the median over three batches of
-each, the two models alternating.
+training step or per decoded token; the encoders' table (and with `--training-pair` the
+training steps of both models) is the median over three calls of each, the two models
+alternating.
 """
 
 import collections
@@ -112,6 +114,30 @@ def encoding(rounds=3):
                    wall=median_wall(walls)))
 
 
+def training_pair(rounds=3):
+    """One training step (`train_on_batch`, 8 x 256 tokens) of the benchmark `CausalLM` and of
+    keras-hub's `GPT2CausalLM` side by side, alternating, the median over `rounds` steps."""
+    keras.utils.set_random_seed(c.SEED)
+    x, y = cases._training_data(1)
+    calls = {}
+    for name, model in (("keras_xf", models.xf_causal_lm()),
+                        ("keras-hub", models.hub_causal_lm())):
+        models.compile_for_training(model)
+        calls[name] = lambda m=model: m.train_on_batch(x, y)
+        for _ in range(3):
+            calls[name]()
+    profiles = {name: [] for name in calls}
+    walls = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            totals, wall = _profile(call, 1)
+            profiles[name].append(_by_type(totals))
+            walls[name].append(wall)
+    print(op_table("\ntraining step (8 x 256 tokens), op time per step (both compute threads "
+                   "summed)", {name: median_profile(p) for name, p in profiles.items()},
+                   wall=median_wall(walls)))
+
+
 def training_and_decoding():
     keras.utils.set_random_seed(c.SEED)
     model = models.compile_for_training(models.xf_causal_lm())
@@ -132,6 +158,9 @@ def training_and_decoding():
 
 
 def main():
+    if "--training-pair" in sys.argv:
+        training_pair()
+        return
     if "--encoder-only" not in sys.argv:
         training_and_decoding()
     encoding()

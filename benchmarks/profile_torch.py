@@ -1,8 +1,9 @@
 """Where the time goes on PyTorch: one training step of keras_xf's `CausalLM` (with the loss on
 its logits and with `ChunkedCrossEntropy`) and of keras-hub's `GPT2CausalLM`, and one encoder
-batch of `TextEncoder` and `BertBackbone`, side by side, from `torch.profiler`.
+batch of `TextEncoder` and `BertBackbone`, and greedy generation of both causal models, side by
+side, from `torch.profiler`.
 
-    KERAS_BACKEND=torch python -m benchmarks.profile_torch [--phases train,encode] [--steps 3]
+    KERAS_BACKEND=torch python -m benchmarks.profile_torch [--phases train,encode,generate] [--steps 3]
 
 The models, sizes and inputs are those of `make bench` (`benchmarks/config.py`,
 `benchmarks/models.py`, `benchmarks/cases.py`). Each model is warmed up, then `--steps` calls
@@ -84,7 +85,21 @@ def encoding(steps):
                    "per batch", profiles, wall=median_wall(walls)))
 
 
-PHASES = {"train": training, "encode": encoding}
+def generation(steps):
+    """Greedy generation (`PROMPT` prompt tokens, `NEW_TOKENS` new ones, no stop token) at
+    each batch of `GENERATION_BATCHES`; the table's milliseconds are per call."""
+    keras.utils.set_random_seed(c.SEED)
+    contenders = {"keras_xf": models.xf_causal_lm(), "keras-hub": models.hub_causal_lm()}
+    for batch in c.GENERATION_BATCHES:
+        inputs = cases._generation_inputs(batch)
+        calls = {name: (lambda m=model: m.generate(dict(inputs), stop_token_ids=None))
+                 for name, model in contenders.items()}
+        profiles, walls = _interleaved(calls, steps, warmup=2)
+        print(op_table(f"greedy generation, batch {batch} ({c.NEW_TOKENS} new tokens), self "
+                       "CPU time per call", profiles, wall=median_wall(walls)))
+
+
+PHASES = {"train": training, "encode": encoding, "generate": generation}
 
 
 def main():
