@@ -114,9 +114,15 @@ def write_cache_in_place(cache, update, index):
 # Time loops (keras_xf.ops.scan) ---------------------------------------------------------
 
 
-def time_loop(step, init, xs, output_index=1):
+def time_loop(step, init, xs, output_index=1, sequential=False):
     """`keras.ops.scan` over the leading (time) axis of `xs`, returning `(carry, ys)` with `ys`
     shaped like `xs[output_index]`.
+
+    `sequential=True` runs one step at a time where the backend would otherwise overlap the
+    work of consecutive steps that does not depend on the carry: TensorFlow's graph
+    `while_loop` starts up to 10 iterations at once, so a loop whose point is that only one
+    step's buffers exist at a time (`chunked_cross_entropy`'s `[C, V]` blocks) would hold
+    several. XLA, `lax.scan` and PyTorch's Python loop run one step at a time already.
 
     Why not `keras.ops.scan` alone: its TensorFlow and PyTorch forms have the costs below.
     On TensorFlow the loop is a `while_loop` with `maximum_iterations` (Keras's TensorFlow
@@ -139,7 +145,7 @@ def time_loop(step, init, xs, output_index=1):
         return ops.scan(step, init, xs)
     length = _leading_length(xs[0])
     if not _in_xla_context():
-        return _tensor_array_loop(step, init, xs, output_index)
+        return _tensor_array_loop(step, init, xs, output_index, 1 if sequential else 10)
 
     def body(index, carry, buffer):
         carry, y = step(carry, tuple(ops.take(x, index, axis=0) for x in xs))
@@ -175,7 +181,7 @@ def _in_xla_context():
         return True
 
 
-def _tensor_array_loop(step, init, xs, output_index):
+def _tensor_array_loop(step, init, xs, output_index, parallel_iterations):
     """The time loop of TensorFlow's graphs without XLA (Keras's `fit` on a CPU-only
     TensorFlow, eager calls): the inputs are read from `TensorArray`s and the outputs written
     into one. There a step's slice `x[i]` of a captured tensor sends back a gradient the size
@@ -200,6 +206,7 @@ def _tensor_array_loop(step, init, xs, output_index):
         body,
         (tf.constant(0, "int32"), init, outputs),
         maximum_iterations=length,
+        parallel_iterations=parallel_iterations,
     )
     return carry, outputs.stack()
 

@@ -116,7 +116,8 @@ def _loss_only(hidden, table, labels, weights, epsilon):
         weighted = losses * w
         return total + ops.sum(weighted), weighted
 
-    total, _ = time_loop(step, ops.zeros((), "float32"), (hidden, labels, weights), output_index=2)
+    total, _ = time_loop(step, ops.zeros((), "float32"), (hidden, labels, weights), output_index=2,
+                         sequential=True)
     return total
 
 
@@ -157,7 +158,7 @@ def _with_gradient(hidden, table, labels, weights, epsilon):
         init = (ops.zeros((), "float32"), ops.zeros((width, vocabulary), "float32"),
                 ops.zeros((vocabulary, width), "float32"), ops.zeros((width,), "float32"))
         (total, probability_gradient, label_gradient, weighted_sum), hidden_gradient = time_loop(
-            step, init, (hidden, labels, weights), output_index=0)
+            step, init, (hidden, labels, weights), output_index=0, sequential=True)
         table_gradient = ops.transpose(probability_gradient) - (1.0 - epsilon) * label_gradient
         if epsilon:
             table_gradient = table_gradient - (epsilon / vocabulary) * weighted_sum

@@ -105,6 +105,22 @@ def test_tensorflow_loop_without_xla(data):
         checks.value_and_gradients(_plain(plain, labels, None), [hidden, table], False))
 
 
+@pytest.mark.skipif(checks.BACKEND != "tensorflow", reason="TensorFlow's graph loop")
+@pytest.mark.parametrize("with_gradient", [True, False])
+def test_tensorflow_loop_runs_one_chunk_at_a_time(data, with_gradient):
+    """Without XLA TensorFlow's `while_loop` would start up to 10 iterations at once, each
+    holding its own `[C, V]` blocks; the chunk loop asks for one at a time."""
+    import tensorflow as tf
+
+    hidden, table, labels = data
+    weights = np.ones(labels.shape, "float32")
+    concrete = tf.function(lambda h, e: chunked_cross_entropy(
+        h, e, labels, weights, CHUNK, with_gradient=with_gradient)).get_concrete_function(
+        tf.constant(hidden), tf.constant(table))
+    loops = [op for op in concrete.graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    assert loops and all(op.get_attr("parallel_iterations") == 1 for op in loops)
+
+
 def test_loss_only_and_all_ignored(data):
     """`with_gradient=False` (evaluation) gives the same value; all tokens ignored give 0."""
     hidden, table, labels = data
