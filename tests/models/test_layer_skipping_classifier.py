@@ -217,3 +217,15 @@ def test_bad_predictor_arguments_and_inputs(rng):
     x["padding_mask"] = x["padding_mask"][:, :5]
     with pytest.raises(ValueError, match="padding_mask"):
         model.layer_skipping_predictor()(x)
+
+
+def test_mixed_precision(rng):
+    model = classifier(num_layers=2, dtype="mixed_bfloat16")
+    x = token_batch(rng, batch=4, lengths=[8, 6, 3, 0])
+    logits = model(x)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    assert all(keras.backend.standardize_dtype(v.dtype) == "float32" for v in model.weights)
+    assert all(g.compute_dtype == "bfloat16" for g in model.gates)
+    result = model.layer_skipping_predictor().predict(x, verbose=0)
+    assert np.isfinite(result["logits"]).all()
+    assert result["num_executed_layers"].tolist() == [2, 2, 2, 0]
