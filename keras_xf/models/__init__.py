@@ -8,6 +8,8 @@ from keras_xf.models.importance import importance_scores
 from keras_xf.models.importance import layer_importance
 from keras_xf.models.importance import top_indices
 from keras_xf.models.layer_pruning import prune_layers
+from keras_xf.models.layer_skipping_classifier import LayerSkippingClassifier
+from keras_xf.models.layer_skipping_predictor import LayerSkippingPredictor
 from keras_xf.models.presets import PRESETS
 from keras_xf.models.presets import preset_names
 from keras_xf.models.structured_pruning import prune_structure

@@ -3,7 +3,6 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.heads.early_exit_heads import EarlyExitHeads
 from keras_xf.layers.heads.pooling import Pooling
 from keras_xf.models.arguments import check_model_arguments
@@ -12,6 +11,8 @@ from keras_xf.models.arguments import record_config
 from keras_xf.models.arguments import task_backbone
 from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
+from keras_xf.models.layerwise import LayerwiseEncoder
+from keras_xf.models.layerwise import check_layerwise_backbone
 from keras_xf.models.transformer_backbone import TransformerBackbone
 from keras_xf.training.early_exit_loss import EarlyExitLoss
 from keras_xf.training.early_exit_loss import final_exit_accuracy
@@ -20,7 +21,7 @@ EXIT_HEADS = ("per_layer", "shared")
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class EarlyExitClassifier(FunctionalModel):
+class EarlyExitClassifier(LayerwiseEncoder, FunctionalModel):
     """`p^l = Softmax(Head^l(Pool(s^l)))` at each exit layer `l` of an encoder.
 
     An encoder classifier whose chosen layers each carry an early-exit classifier (survey
@@ -62,7 +63,7 @@ class EarlyExitClassifier(FunctionalModel):
                  head_dropout=0.0, name=None, dtype=None, trainable=True, **backbone_kwargs):
         check_model_arguments(locals())
         backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs)
-        _check_backbone(backbone)
+        check_layerwise_backbone(backbone)
         exit_layers = _check_exit_layers(exit_layers, backbone.num_layers)
         if exit_heads not in EXIT_HEADS:
             raise ValueError(
@@ -100,23 +101,6 @@ class EarlyExitClassifier(FunctionalModel):
         # Config
         record_config(self, locals(), attributes={"backbone": None, "pooling": "pooling_mode"})
 
-    @property
-    def blocks(self):
-        """The encoder's layers, in order."""
-        return self.backbone.transformer_stack.blocks
-
-    def embed(self, inputs):
-        """`s^0`: the backbone's embeddings of `inputs`."""
-        return self.backbone.embeddings(inputs["token_ids"],
-                                        segment_ids=inputs.get("segment_ids"))
-
-    def pooled_state(self, hidden, mask):
-        """`Pool(Norm(s^l))`: the state an exit classifies, `[B, d]`."""
-        norm = self.backbone.transformer_stack.output_norm
-        if norm is not None:
-            hidden = norm(hidden)
-        return self.pooling(hidden, padding_mask=mask)
-
     def exit_logits(self, exit_index, hidden, mask, pooled=None):
         """Float32 logits `[B, C]` of exit number `exit_index` (0-based) on the layer
         output `hidden`."""
@@ -141,18 +125,6 @@ class EarlyExitClassifier(FunctionalModel):
             metrics = [keras.metrics.MeanMetricWrapper(final_exit_accuracy, name="accuracy")]
         optimizer, loss, metrics = classifier_compile_defaults(optimizer, loss, metrics)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
-
-
-def _check_backbone(backbone):
-    stack = backbone.transformer_stack
-    plain = (isinstance(stack, TransformerStack) and not stack._combines_layers
-             and stack.share_attention_maps == 1)
-    if backbone.causal or not plain:
-        raise ValueError(
-            "backbone must be a non-causal TransformerBackbone whose stack has no layer "
-            "fusion, layer drop, multi-step residuals, shared attention maps or reversible "
-            f"layers. Received: causal={backbone.causal}, stack={type(stack).__name__}"
-        )
 
 
 def _check_exit_layers(exit_layers, num_layers):

@@ -13,6 +13,7 @@ from keras_xf.ops.distillation import soft_target_loss
 from keras_xf.ops.masks import causal_mask
 from keras_xf.ops.masks import expand_attention_mask
 from keras_xf.ops.masks import key_padding_to_attention_mask
+from keras_xf.ops.masks import masked_mean
 from keras_xf.ops.masks import merge_masks
 from keras_xf.ops.masks import padding_mask
 from keras_xf.ops.positions import alibi_slopes

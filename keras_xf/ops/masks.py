@@ -107,3 +107,14 @@ def downsample_padding_mask(padding_mask, kernel_size, stride):
     extra = (windows - 1) * stride + kernel_size - length
     valid = ops.pad(valid, ((0, 0), (0, extra)), constant_values=False)
     return ops.any(ops.take(valid, window_starts(length, kernel_size, stride), axis=1), axis=-1)
+
+
+def masked_mean(values, padding_mask=None):
+    """`Σ_j m_j h_j / max(1, Σ_j m_j)` over the tokens of `values` `[B, T, d]`, in float32:
+    the mean of the real tokens (`padding_mask` `[B, T]`, `None`: every token), `[B, d]`;
+    zeros for a fully padded row."""
+    values = ops.cast(values, "float32")
+    if padding_mask is None:
+        return ops.mean(values, axis=1)
+    mask = ops.cast(padding_mask, "float32")[:, :, None]
+    return ops.sum(values * mask, axis=1) / ops.maximum(ops.sum(mask, axis=1), 1.0)

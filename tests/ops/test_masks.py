@@ -51,3 +51,16 @@ def test_downsample_padding_mask_matches_reference():
         _, expected = compression_ref.downsample(np.ones((4, 7, 1)), kernel, None, stride, mask)
         actual = xops.masks.downsample_padding_mask(mask, kernel_size, stride)
         np.testing.assert_array_equal(to_numpy(actual), expected)
+
+
+def test_masked_mean_averages_the_real_tokens():
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(3, 5, 4)).astype("float32")
+    mask = np.arange(5)[None, :] < np.array([[5], [2], [0]])
+    pooled = to_numpy(xops.masked_mean(values, mask))
+    assert pooled.dtype == np.float32
+    np.testing.assert_allclose(pooled[0], values[0].mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pooled[1], values[1, :2].mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(pooled[2], np.zeros(4))  # a fully padded row
+    np.testing.assert_allclose(to_numpy(xops.masked_mean(values)), values.mean(1), rtol=1e-5,
+                               atol=1e-6)

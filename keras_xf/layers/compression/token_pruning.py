@@ -9,8 +9,7 @@ from keras_xf.ops.attention import lowest_value
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_sequence_width
 from keras_xf.ops.checks import get_initializer
-
-GATES = ("multiply", "straight_through")
+from keras_xf.ops.gates import GATES
 
 
 def kept_count(keep_ratio, length):

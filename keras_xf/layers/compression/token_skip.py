@@ -5,7 +5,6 @@ from keras import ops
 
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import with_dtype_policy
-from keras_xf.layers.compression.token_pruning import GATES
 from keras_xf.layers.compression.token_pruning import check_keep_ratio
 from keras_xf.layers.compression.token_pruning import gather_tokens
 from keras_xf.layers.compression.token_pruning import static_kept_count
@@ -16,6 +15,8 @@ from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_probability
 from keras_xf.ops.checks import check_sequence_width
 from keras_xf.ops.checks import get_initializer
+from keras_xf.ops.gates import GATES
+from keras_xf.ops.gates import gated_update
 
 
 def position_slots(indices, length):
@@ -181,14 +182,9 @@ class TokenSkip(keras.layers.Layer):
         if not (ops.is_tensor(updated) or isinstance(updated, keras.KerasTensor)):
             raise ValueError("block must return one tensor [batch, length, dim]. Received: "
                              f"block returned a {type(updated).__name__}")
-        if training:
-            # h′ = h + g·(f(h) − h): g = p (soft), or 1[processed] + p − sg(p).
-            gate = nonskip if soft else nonskip - ops.stop_gradient(nonskip)
-            gate = ops.cast(ops.where(real, gate, ops.zeros_like(gate)), updated.dtype)
-            base = gathered if soft else ops.where(processed[:, :, None], updated, gathered)
-            rows = base + gate[:, :, None] * (updated - gathered)
-        else:
-            rows = ops.where(processed[:, :, None], updated, gathered)
+        # h′ = h + g·(f(h) − h): g = p (soft), or 1[processed] + p − sg(p).
+        rows = gated_update(gathered, updated, nonskip[:, :, None], processed[:, :, None],
+                            real[:, :, None], self.gate, bool(training))
         slots = position_slots(indices, inputs.shape[1])
         outputs = scatter_rows(inputs, rows, slots)
         self._add_rate_loss(scores, valid)

@@ -6,6 +6,7 @@ from keras import ops
 from keras_xf.ops.attention import lowest_value
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_rank
+from keras_xf.ops.masks import masked_mean
 
 MODES = ("cls", "mean", "max")
 
@@ -50,18 +51,16 @@ class Pooling(keras.layers.Layer):
         check_padding_mask(padding_mask, inputs)
         if self.mode == "cls":
             return inputs[:, 0, :]
+        if self.mode == "mean":
+            return ops.cast(masked_mean(inputs, padding_mask), self.compute_dtype)
         values = ops.cast(inputs, "float32")
         if padding_mask is None:
             mask = ops.ones_like(values[..., :1])
         else:
             mask = ops.cast(padding_mask, "float32")[..., None]
-        if self.mode == "mean":
-            total = ops.sum(values * mask, axis=1)
-            pooled = total / ops.maximum(ops.sum(mask, axis=1), 1.0)
-        else:
-            masked = ops.where(mask > 0, values, lowest_value("float32"))
-            pooled = ops.max(masked, axis=1)
-            pooled = ops.where(ops.sum(mask, axis=1) > 0, pooled, 0.0)
+        masked = ops.where(mask > 0, values, lowest_value("float32"))
+        pooled = ops.max(masked, axis=1)
+        pooled = ops.where(ops.sum(mask, axis=1) > 0, pooled, 0.0)
         return ops.cast(pooled, self.compute_dtype)
 
     def compute_output_shape(self, inputs_shape):
