@@ -199,7 +199,8 @@ class EarlyExitCausalLM(CausalLM):
             )
         prompts, _, unpack = self._generate_inputs(inputs, max_length)
         function = self._exit_generate_function(
-            rule, sampler, self._check_stop_token_ids(stop_token_ids), prompts.prefill_length)
+            rule, sampler, self._check_stop_token_ids(stop_token_ids), prompts.prefill_length,
+            return_exit_layers)
         outputs = function({"token_ids": ops.convert_to_tensor(prompts.token_ids),
                             "padding_mask": ops.convert_to_tensor(prompts.padding_mask)})
         tokens = unpack(outputs["token_ids"], outputs["padding_mask"])
@@ -208,29 +209,38 @@ class EarlyExitCausalLM(CausalLM):
         form = "array" if prompts.form == "dict" else None
         return tokens, prompts.unpack(outputs["exit_layers"], outputs["padding_mask"], form=form)
 
-    def _exit_generate_function(self, rule, sampler, stop_token_ids, prefill_length):
+    def _exit_generate_function(self, rule, sampler, stop_token_ids, prefill_length,
+                                return_exit_layers):
         """The compiled adaptive generation for these settings, kept with the model's other
         generation functions (reset by `compile`). No TorchScript trace of the loop body on
         PyTorch: a trace would freeze the Python branch of each layer's `keras.ops.cond`."""
         sampler_key = self._default_sampler_key if sampler is None else sampler
-        key = ("early_exit", rule, sampler_key, stop_token_ids, prefill_length)
+        key = ("early_exit", rule, sampler_key, stop_token_ids, prefill_length,
+               return_exit_layers)
         if key not in self._generate_functions:
             resolved = self.sampler if sampler is None else get_sampler(sampler)
             step = functools.partial(self._exit_generate_step, rule=rule,
                                      stop_token_ids=stop_token_ids, sampler=resolved,
-                                     prefill_length=prefill_length)
+                                     prefill_length=prefill_length,
+                                     return_exit_layers=return_exit_layers)
             self._generate_functions[key] = compile_generate_function(self, step, resolved)
         return self._generate_functions[key]
 
-    def _exit_generate_step(self, inputs, rule, stop_token_ids, sampler, prefill_length):
-        """`generate_step` under the exit rule; adds `"exit_layers"` `[B, L]` to its outputs
-        (read from the loop's final cache within the same trace)."""
+    def _exit_generate_step(self, inputs, rule, stop_token_ids, sampler, prefill_length,
+                            return_exit_layers):
+        """`generate_step` under the exit rule; with `return_exit_layers`, adds
+        `"exit_layers"` `[B, L]` to its outputs (read from the loop's final cache within the
+        same trace)."""
         generated = ops.logical_not(ops.cast(inputs["padding_mask"], "bool"))
         final = {}
+        if return_exit_layers:
+            sampler = _recording_sampler(sampler, final)
         with self._exit_scope(rule, generated):
             outputs = self.generate_step(inputs, stop_token_ids=stop_token_ids,
-                                         sampler=_recording_sampler(sampler, final),
-                                         use_cache=True, prefill_length=prefill_length)
+                                         sampler=sampler, use_cache=True,
+                                         prefill_length=prefill_length)
+        if not return_exit_layers:
+            return outputs
         kept = ops.logical_and(ops.cast(outputs["padding_mask"], "bool"), generated)
         exit_layers = ops.where(kept, final["cache"]["exit_layers"], 0)
         return dict(outputs, exit_layers=exit_layers)

@@ -199,6 +199,16 @@ def test_stop_tokens_and_dict_prompts(rng):
     assert len(exits[0]) == len(tokens[0]) and exits[0][-1] > 0
 
 
+def test_beam_search_with_exits(rng):
+    """Beam search repeats the loop state (exit records included) per beam."""
+    model = confident_lm(rng)
+    tokens = model.generate(PROMPTS, max_length=MAX_LENGTH, sampler="beam",
+                            exit_criterion="patience", exit_threshold=1)
+    for row, prompt in zip(tokens, PROMPTS):
+        assert row[: len(prompt)] == prompt and len(row) == MAX_LENGTH
+        assert all(0 <= t < VOCAB for t in row)
+
+
 @pytest.mark.skipif(keras.config.backend() != "torch",
                     reason="only eager PyTorch runs each cond branch in Python, where a "
                            "layer's calls can be counted; XLA traces both branches")
