@@ -1,6 +1,7 @@
 """keras_xf models: functional backbones and tasks built from block templates."""
 
 from keras_xf.models.causal_lm import CausalLM
+from keras_xf.models.early_exit_causal_lm import EarlyExitCausalLM
 from keras_xf.models.early_exit_classifier import EarlyExitClassifier
 from keras_xf.models.early_exit_predictor import EarlyExitPredictor
 from keras_xf.models.generative_task import GenerativeTask

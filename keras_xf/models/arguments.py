@@ -12,6 +12,7 @@ import sys
 import keras
 import numpy as np
 
+from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.heads.pooling import MODES
 from keras_xf.layers.residual.residual import NORMALIZATIONS
@@ -274,3 +275,68 @@ def check_reversible_arguments(share_attention_maps, depth_initialization, stack
                 f"reversible=True builds a ReversibleStack, which has no {name}: it must be "
                 f"{defaults[name]!r}. Received: {name}={value!r}"
             )
+
+
+# Early exit (survey §5.6) -------------------------------------------------------------------
+
+EXIT_HEADS = ("per_layer", "shared")
+
+
+def check_layerwise_backbone(backbone, causal=False):
+    """A task that calls the backbone's blocks one by one (early exit, layer skipping; survey
+    §5.6) takes a plain
+    `TransformerStack` only: fusion, layer drop, multi-step residuals and shared attention
+    maps make a layer's output depend on more than its block. `causal`: whether the task is
+    a language model (decoder layers, each a `TransformerBlock` without cross-attention,
+    whose self-attention sub-layer alone can fill a skipped layer's cache)."""
+    stack = backbone.transformer_stack
+    plain = (isinstance(stack, TransformerStack) and not stack._combines_layers
+             and stack.share_attention_maps == 1)
+    if plain and causal:
+        plain = all(isinstance(block, TransformerBlock) and block.cross_attention is None
+                    for block in stack.blocks)
+    if backbone.causal != causal or not plain:
+        kind = "causal" if causal else "non-causal"
+        raise ValueError(
+            f"backbone must be a {kind} TransformerBackbone whose stack has no layer fusion, "
+            "layer drop, multi-step residuals, shared attention maps or reversible layers"
+            f"{' (TransformerBlock layers without cross-attention)' if causal else ''}. "
+            f"Received: causal={backbone.causal}, stack={type(stack).__name__}"
+        )
+
+
+def check_exit_layers(exit_layers, num_layers):
+    """`exit_layers` as a list of increasing layer numbers in `[1, num_layers]` ending with
+    `num_layers` (`None`: every layer)."""
+    if exit_layers is None:
+        return list(range(1, num_layers + 1))
+    layers = list(exit_layers)
+    valid = (layers and all(isinstance(l, int) and not isinstance(l, bool) for l in layers)
+             and layers == sorted(set(layers)) and layers[0] >= 1 and layers[-1] == num_layers)
+    if not valid:
+        raise ValueError(
+            f"exit_layers must be increasing layer numbers in [1, {num_layers}] ending with the "
+            f"last layer {num_layers}. Received: exit_layers={exit_layers!r}"
+        )
+    return layers
+
+
+def check_exit_heads(exit_heads):
+    if exit_heads not in EXIT_HEADS:
+        raise ValueError(
+            f"exit_heads must be one of {EXIT_HEADS}. Received: exit_heads={exit_heads!r}"
+        )
+    return exit_heads
+
+
+def check_exit_loss_weights(exit_loss_weights, num_exits):
+    """`None`, or a list of `num_exits` non-negative floats."""
+    if exit_loss_weights is None:
+        return None
+    weights = [float(w) for w in exit_loss_weights]
+    if len(weights) != num_exits or min(weights) < 0:
+        raise ValueError(
+            f"exit_loss_weights must hold {num_exits} non-negative floats, one per exit. "
+            f"Received: exit_loss_weights={exit_loss_weights!r}"
+        )
+    return weights

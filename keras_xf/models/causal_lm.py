@@ -60,9 +60,14 @@ class CausalLM(GenerativeTask):
             "token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
             "padding_mask": keras.Input(shape=(None,), dtype="int32", name="padding_mask"),
         }
-        logits = self._logits(backbone(inputs))
-        super().__init__(inputs=inputs, outputs=logits, pad_token_id=pad_token_id, name=name,
+        outputs = self._functional_outputs(inputs)
+        super().__init__(inputs=inputs, outputs=outputs, pad_token_id=pad_token_id, name=name,
                          dtype=dtype, trainable=trainable)
+
+    def _functional_outputs(self, inputs):
+        """The outputs of the functional graph on its `keras.Input`s: the logits `[B, T, V]`
+        (a subclass with other outputs, such as every exit's logits, overrides it)."""
+        return self._logits(self.backbone(inputs))
 
     @classmethod
     def from_preset(cls, preset, **overrides):

@@ -5,6 +5,10 @@ from keras import ops
 
 from keras_xf.layers.heads.early_exit_heads import EarlyExitHeads
 from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.models.arguments import check_layerwise_backbone
+from keras_xf.models.arguments import check_exit_heads
+from keras_xf.models.arguments import check_exit_layers
+from keras_xf.models.arguments import check_exit_loss_weights
 from keras_xf.models.arguments import check_model_arguments
 from keras_xf.models.arguments import classifier_compile_defaults
 from keras_xf.models.arguments import record_config
@@ -12,12 +16,9 @@ from keras_xf.models.arguments import task_backbone
 from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.layerwise import LayerwiseEncoder
-from keras_xf.models.layerwise import check_layerwise_backbone
 from keras_xf.models.transformer_backbone import TransformerBackbone
 from keras_xf.training.early_exit_loss import EarlyExitLoss
 from keras_xf.training.early_exit_loss import final_exit_accuracy
-
-EXIT_HEADS = ("per_layer", "shared")
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -64,18 +65,9 @@ class EarlyExitClassifier(LayerwiseEncoder, FunctionalModel):
         check_model_arguments(locals())
         backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs)
         check_layerwise_backbone(backbone)
-        exit_layers = _check_exit_layers(exit_layers, backbone.num_layers)
-        if exit_heads not in EXIT_HEADS:
-            raise ValueError(
-                f"exit_heads must be one of {EXIT_HEADS}. Received: exit_heads={exit_heads!r}"
-            )
-        if exit_loss_weights is not None:
-            exit_loss_weights = [float(w) for w in exit_loss_weights]
-            if len(exit_loss_weights) != len(exit_layers) or min(exit_loss_weights) < 0:
-                raise ValueError(
-                    f"exit_loss_weights must hold {len(exit_layers)} non-negative floats, one "
-                    f"per exit. Received: exit_loss_weights={exit_loss_weights!r}"
-                )
+        exit_layers = check_exit_layers(exit_layers, backbone.num_layers)
+        check_exit_heads(exit_heads)
+        exit_loss_weights = check_exit_loss_weights(exit_loss_weights, len(exit_layers))
 
         # Layers
         self.backbone = backbone
@@ -126,16 +118,3 @@ class EarlyExitClassifier(LayerwiseEncoder, FunctionalModel):
         optimizer, loss, metrics = classifier_compile_defaults(optimizer, loss, metrics)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
 
-
-def _check_exit_layers(exit_layers, num_layers):
-    if exit_layers is None:
-        return list(range(1, num_layers + 1))
-    layers = list(exit_layers)
-    valid = (layers and all(isinstance(l, int) and not isinstance(l, bool) for l in layers)
-             and layers == sorted(set(layers)) and layers[0] >= 1 and layers[-1] == num_layers)
-    if not valid:
-        raise ValueError(
-            f"exit_layers must be increasing layer numbers in [1, {num_layers}] ending with the "
-            f"last layer {num_layers}. Received: exit_layers={exit_layers!r}"
-        )
-    return layers

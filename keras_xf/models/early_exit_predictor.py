@@ -1,12 +1,10 @@
 """Inference that stops at the first confident exit of an `EarlyExitClassifier` (§5.6)."""
 
-import numbers
-
 import keras
 from keras import ops
 
 from keras_xf.models.arguments import check_model_inputs
-from keras_xf.ops.exit_criteria import EXIT_CRITERIA
+from keras_xf.ops.exit_criteria import check_exit_rule
 from keras_xf.ops.exit_criteria import exit_decision
 
 
@@ -60,18 +58,7 @@ class EarlyExitPredictor(keras.Model):
                 "classifier must be an EarlyExitClassifier. Received: "
                 f"classifier={type(classifier).__name__}"
             )
-        if criterion not in EXIT_CRITERIA:
-            raise ValueError(
-                f"criterion must be one of {EXIT_CRITERIA}. Received: criterion={criterion!r}"
-            )
-        if criterion == "patience":
-            if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-                raise ValueError(
-                    "threshold must be an int >= 1 (the patience) with criterion='patience'. "
-                    f"Received: threshold={threshold!r}"
-                )
-        elif isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
-            raise ValueError(f"threshold must be a number. Received: threshold={threshold!r}")
+        check_exit_rule(criterion, threshold)
         self.classifier = classifier
         self.criterion = criterion
         self.threshold = threshold

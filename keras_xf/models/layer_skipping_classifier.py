@@ -6,6 +6,7 @@ from keras import ops
 from keras_xf.layers.blocks.layer_skip_gate import LayerSkipGate
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.models.arguments import check_layerwise_backbone
 from keras_xf.models.arguments import check_model_arguments
 from keras_xf.models.arguments import classifier_compile_defaults
 from keras_xf.models.arguments import record_config
@@ -13,7 +14,6 @@ from keras_xf.models.arguments import task_backbone
 from keras_xf.models.arguments import token_inputs
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.models.layerwise import LayerwiseEncoder
-from keras_xf.models.layerwise import check_layerwise_backbone
 from keras_xf.models.transformer_backbone import TransformerBackbone
 
 

@@ -1,23 +1,6 @@
 """What a task needs to run an encoder backbone layer by layer itself (early exit, layer
-skipping; survey §5.6): the check that each layer is a function of its block alone, and the
-embeddings, blocks and pooled state of the backbone."""
-
-from keras_xf.layers.blocks.transformer_stack import TransformerStack
-
-
-def check_layerwise_backbone(backbone):
-    """A non-causal `TransformerBackbone` whose stack is a plain `TransformerStack`: fusion,
-    layer drop, multi-step residuals and shared attention maps make a layer's output depend
-    on more than its block, so a task that calls the blocks one by one refuses them."""
-    stack = backbone.transformer_stack
-    plain = (isinstance(stack, TransformerStack) and not stack._combines_layers
-             and stack.share_attention_maps == 1)
-    if backbone.causal or not plain:
-        raise ValueError(
-            "backbone must be a non-causal TransformerBackbone whose stack has no layer "
-            "fusion, layer drop, multi-step residuals, shared attention maps or reversible "
-            f"layers. Received: causal={backbone.causal}, stack={type(stack).__name__}"
-        )
+skipping; survey §5.6): the embeddings, blocks and pooled state of the backbone, whose layers
+`arguments.check_layerwise_backbone` has checked to be functions of their blocks alone."""
 
 
 class LayerwiseEncoder:

@@ -16,9 +16,33 @@ returns per-row values, so that the decision compiles (no Python branch on a ten
   `Pr(stop|s_i) ≥ Pr(nonstop|s_i) + θ_stop`, i.e. `Pr(stop|s_i) ≥ (1 + θ_stop) / 2`.
 """
 
+import numbers
+
 from keras import ops
 
 EXIT_CRITERIA = ("entropy", "max_probability", "state_similarity", "patience")
+
+
+def check_exit_rule(criterion, threshold, criterion_name="criterion",
+                    threshold_name="threshold"):
+    """Raises a `ValueError` naming the argument unless `criterion` is one of
+    `EXIT_CRITERIA` and `threshold` suits it (an int `k ≥ 1` for `"patience"`, a real number
+    otherwise); returns `(criterion, threshold)`."""
+    if criterion not in EXIT_CRITERIA:
+        raise ValueError(f"{criterion_name} must be one of {EXIT_CRITERIA}. Received: "
+                         f"{criterion_name}={criterion!r}")
+    if criterion == "patience":
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral) or (
+                threshold < 1):
+            raise ValueError(
+                f"{threshold_name} must be an int >= 1 (the patience) with {criterion_name}="
+                f"'patience'. Received: {threshold_name}={threshold!r}"
+            )
+        return criterion, int(threshold)
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+        raise ValueError(f"{threshold_name} must be a number. Received: "
+                         f"{threshold_name}={threshold!r}")
+    return criterion, float(threshold)
 
 
 def prediction_entropy(logits):

@@ -11,12 +11,18 @@ class EarlyExitLoss(keras.losses.Loss):
 
     The survey trains the exit classifiers together with the model on the sum of their
     cross-entropy losses (§5.6); `weights` gives each exit its share (equal by default).
+    The exits lie on axis 1 of the predictions; the labels have the predictions' shape
+    without it and without the class axis, so one loss serves a classifier (`[B, E, C]`
+    against `[B]`) and a language model (`[B, E, T, V]` against `[B, T]`, one loss per
+    token, to which Keras applies a `sample_weight` such as the padding mask as it does for
+    a plain sparse cross-entropy).
 
     Args:
         weights: optional list of non-negative floats, one per exit (`None`: 1 each).
         from_logits: bool; `False` means the predictions are probabilities.
 
-    Call: `y_true` int `[B]`, `y_pred` `[B, E, C]` (an `EarlyExitClassifier`'s outputs).
+    Call: `y_true` int `[B, ...]`, `y_pred` `[B, E, ..., C]` (an `EarlyExitClassifier`'s or
+    `EarlyExitCausalLM`'s outputs). Returns the losses `[B, ...]`.
 
     Example:
     >>> model.compile("adam", loss=EarlyExitLoss(weights=[0.5, 1.0]))
@@ -36,10 +42,12 @@ class EarlyExitLoss(keras.losses.Loss):
         self.from_logits = from_logits
 
     def call(self, y_true, y_pred):
-        """Per-example losses `[B]`."""
-        if len(y_pred.shape) != 3:
+        """Per-example (per-token) losses `[B, ...]`."""
+        rank = len(y_pred.shape)
+        if rank < 3:
             raise ValueError(
-                f"y_pred must have shape [batch, exits, classes]. Received: shape={y_pred.shape}"
+                "y_pred must have shape [batch, exits, classes] or [batch, exits, length, "
+                f"classes]. Received: shape={y_pred.shape}"
             )
         exits = y_pred.shape[1]
         if self.weights is not None and len(self.weights) != exits:
@@ -52,11 +60,16 @@ class EarlyExitLoss(keras.losses.Loss):
             log_probs = ops.log_softmax(y_pred, axis=-1)
         else:
             log_probs = ops.log(ops.clip(y_pred, 1e-7, 1.0))
-        labels = ops.reshape(ops.cast(y_true, "int32"), (-1, 1, 1))
-        labels = ops.broadcast_to(labels, (ops.shape(log_probs)[0], exits, 1))
+        # Labels `[B, 1, ..., 1]`, one per exit after broadcasting (a trailing unit axis of
+        # `y_true` is dropped by the reshape).
+        shape = ops.shape(log_probs)
+        label_shape = (shape[0], 1) + tuple(shape[2:-1]) + (1,)
+        labels = ops.reshape(ops.cast(y_true, "int32"), label_shape)
+        labels = ops.broadcast_to(labels, tuple(shape[:-1]) + (1,))
         nll = -ops.squeeze(ops.take_along_axis(log_probs, labels, axis=-1), axis=-1)
         weights = ops.ones((exits,)) if self.weights is None else ops.array(self.weights)
-        return ops.sum(nll * ops.cast(weights, "float32"), axis=-1)
+        weights = ops.reshape(ops.cast(weights, "float32"), (1, exits) + (1,) * (rank - 3))
+        return ops.sum(nll * weights, axis=1)
 
     def get_config(self):
         return {"name": self.name, "weights": self.weights, "from_logits": self.from_logits,
@@ -65,7 +78,8 @@ class EarlyExitLoss(keras.losses.Loss):
 
 @keras.saving.register_keras_serializable(package="keras_xf")
 def final_exit_accuracy(y_true, y_pred):
-    """The accuracy of the last exit's prediction (`y_pred` `[B, E, C]`), per example."""
-    predicted = ops.argmax(y_pred[:, -1, :], axis=-1)
-    labels = ops.reshape(ops.cast(y_true, "int32"), (-1,))
+    """The accuracy of the last exit's prediction (`y_pred` `[B, E, ..., C]`), per example
+    (per token for sequence outputs)."""
+    predicted = ops.argmax(y_pred[:, -1], axis=-1)
+    labels = ops.reshape(ops.cast(y_true, "int32"), ops.shape(predicted))
     return ops.cast(ops.equal(ops.cast(predicted, "int32"), labels), "float32")
