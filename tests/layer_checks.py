@@ -133,9 +133,13 @@ def check_mixed_precision(make_layer, inputs, call_kwargs=None, policy="mixed_fl
     assert keras.backend.standardize_dtype(first.dtype) in (compute_dtype, "float32")
     for variable in layer.weights:
         assert keras.backend.standardize_dtype(variable.dtype) == "float32", variable.path
+    # Sub-layers a layer declares float32 (a router's gate) keep the float32 policy.
+    float32 = {id(getattr(owner, name)) for owner in layer._flatten_layers()
+               for name in getattr(owner, "float32_sublayers", ())}
     for sub in layer._flatten_layers(include_self=False):
         if sub.weights:
-            assert sub.dtype_policy.name == policy, (sub.name, sub.dtype_policy.name)
+            expected = "float32" if id(sub) in float32 else policy
+            assert sub.dtype_policy.name == expected, (sub.name, sub.dtype_policy.name)
     for out in keras.tree.flatten(outputs):
         assert np.all(np.isfinite(to_numpy(out).astype("float32")))
     return outputs

@@ -46,6 +46,7 @@ from keras_xf.layers.embeddings.rotary_embedding import RotaryEmbedding
 from keras_xf.layers.embeddings.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
+from keras_xf.layers.feedforward.expert_weights import ExpertWeights
 from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
 from keras_xf.layers.feedforward.mixture_of_experts import MixtureOfExperts

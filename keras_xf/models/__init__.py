@@ -13,6 +13,7 @@ from keras_xf.models.layer_skipping_classifier import LayerSkippingClassifier
 from keras_xf.models.layer_skipping_predictor import LayerSkippingPredictor
 from keras_xf.models.presets import PRESETS
 from keras_xf.models.presets import preset_names
+from keras_xf.models.structured_pruning import prune_heads
 from keras_xf.models.structured_pruning import prune_structure
 from keras_xf.models.seq2seq_backbone import Seq2SeqBackbone
 from keras_xf.models.seq2seq_lm import Seq2SeqLM

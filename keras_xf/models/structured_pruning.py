@@ -182,3 +182,25 @@ def prune_structure(model, heads=None, units=None):
         target.assign(value)
     return pruned
 
+
+
+def prune_heads(model, heads):
+    """A new model like `model` with only the attention heads `heads` of each layer (survey
+    §5.7, head pruning): `prune_structure(model, heads=heads)`, every feedforward unit kept.
+
+    Args:
+        model: as for `prune_structure`.
+        heads: a list with, per layer, the sorted kept query-head indices or `None` (keep
+            the layer's heads).
+
+    Returns:
+        a new model of the same class.
+
+    Example:
+    >>> scores = importance_scores(lm, x, y)
+    >>> small = prune_heads(lm, heads=top_indices(scores["heads"], 0.5))
+    """
+    if heads is None:
+        raise ValueError("prune_heads needs the kept heads of each layer (a list with one entry "
+                         "per layer). Received: heads=None")
+    return prune_structure(model, heads=heads)

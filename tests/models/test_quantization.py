@@ -2,11 +2,12 @@
 precision.
 
 - `int8`, `float8` and `int4` (Keras' post-training modes): every `Dense` / `EinsumDense` of the
-  model (attention and head projections, feedforward, pooler and classifier heads) takes the
-  mode, and for `int8` keras_xf's `TokenEmbedding` too (its table, which is also the tied output
-  projection; Keras' `Embedding` quantises to `int8` and `int4`); the outputs stay close to the
-  float32 model's, the generating tasks' cached `generate` gives the tokens of their own full
-  pass (`use_cache=False`), and a `.keras` round trip gives identical outputs.
+  model (attention and head projections, feedforward, pooler and classifier heads, the patch
+  projection, the mixture-of-experts router gate) takes the mode, and for `int8` and `int4`
+  keras_xf's `TokenEmbedding` (its table, which is also the tied output projection) and the
+  mixture-of-experts `ExpertWeights` too; the outputs stay close to the float32 model's, the
+  generating tasks' cached `generate` gives the tokens of their own full pass
+  (`use_cache=False`), and a `.keras` round trip gives identical outputs.
 - Quantisation-aware fine-tuning: Keras' `float8` mode keeps a float32 kernel that `fit` trains
   through quantise-dequantise (float8 e4m3 forward, e5m2 gradients) with delayed scaling (amax
   histories the optimizer overwrites with their new values).
@@ -20,7 +21,11 @@ import keras
 import numpy as np
 import pytest
 
+from keras_xf.layers import ExpertWeights
+from keras_xf.layers import MixtureOfExperts
+from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import TokenEmbedding
+from keras_xf.layers import TransformerBlock
 from keras_xf.models import Seq2SeqLM
 from keras_xf.models import VisionClassifier
 from keras_xf.models import VisionLanguageEncoder
@@ -48,6 +53,9 @@ TEXT = dict(vocabulary_size=VOCAB, max_sequence_length=LENGTH)
 # (float8 e4m3 keeps 3 mantissa bits of inputs and kernels, int4 16 levels per kernel column;
 # a 3-class classifier's few logits make the ratio the noisiest).
 QUANTIZED_TOLERANCE = {"int8": 0.05, "float8": 0.3, "int4": 0.4}
+# A mixture of experts: a token whose top-2 experts change (near-tied router logits, moved by
+# the rounding of the layers before the router) changes its whole output.
+MOE_TOLERANCE = {"int8": 0.2, "int4": 0.4}
 # The same for whole-model half precision: float16 keeps 10 mantissa bits, bfloat16 7.
 HALF_TOLERANCE = {"float16": 0.01, "bfloat16": 0.06}
 
@@ -62,6 +70,15 @@ def with_images(rng):
 
 def vision_language_lm(**kwargs):
     return VisionLanguageLM(**TEXT, **VISION, vision_layers=1, **kwargs)
+
+
+def moe_causal_lm(**kwargs):
+    # Dropless: every token reaches its experts, so a cached step equals the full pass.
+    block = TransformerBlock(
+        MultiHeadAttention(HEADS),
+        MixtureOfExperts(4, FFN, top_k=2, activation="swiglu", capacity_factor=None),
+        norm_placement="pre")
+    return causal_lm(num_layers=1, block=block, **kwargs)
 
 
 # name: (factory, inputs, generate inputs or None)
@@ -84,7 +101,13 @@ MODELS = {
                                   with_images,
                                   lambda rng: {"images": images(rng),
                                                "token_ids": [[1, 4], [1]]}),
+    "moe_causal_lm": (moe_causal_lm, token_batch,
+                      lambda rng: {"token_ids": np.array([[5, 6, 7, 0, 0, 0],
+                                                         [8, 9, 0, 0, 0, 0]], "int32")}),
 }
+# A mixture of experts keeps its router and statistics in float32 under any policy (tested in
+# tests/layers/feedforward/test_mixture_of_experts.py).
+HALF_PRECISION_MODELS = [name for name in MODELS if name != "moe_causal_lm"]
 
 
 def build(name, **kwargs):
@@ -127,10 +150,15 @@ def generate_tokens(model, inputs, use_cache):
 # vision-language encoder quantise the same layers as the classifier and the VisionLanguageLM.
 QUANTIZED_CASES = [(name, "int8") for name in ("causal_lm", "seq2seq_lm", "text_classifier",
                                                "vision_classifier", "vision_language_lm_prefix")]
-QUANTIZED_CASES += [("causal_lm", "float8"), ("causal_lm", "int4")]
+QUANTIZED_CASES += [("causal_lm", "float8"), ("causal_lm", "int4"), ("moe_causal_lm", "int8"),
+                    ("moe_causal_lm", "int4")]
 # Generation compiles a loop and a `.keras` load rebuilds the model: both for these only.
-GENERATES = {("causal_lm", "int8"), ("causal_lm", "int4"), ("seq2seq_lm", "int8")}
-SAVES = {("causal_lm", "int8"), ("vision_language_lm_prefix", "int8"), ("causal_lm", "int4")}
+GENERATES = {("causal_lm", "int8"), ("causal_lm", "int4"), ("seq2seq_lm", "int8"),
+             ("moe_causal_lm", "int8"), ("moe_causal_lm", "int4")}
+SAVES = {("causal_lm", "int8"), ("vision_language_lm_prefix", "int8"), ("causal_lm", "int4"),
+         ("moe_causal_lm", "int8"), ("moe_causal_lm", "int4")}
+# Layers of keras_xf's own with Keras' quantisation hooks, and the modes they take.
+INTEGER_ONLY = (TokenEmbedding, ExpertWeights)
 
 
 @pytest.mark.parametrize("name, mode", QUANTIZED_CASES)
@@ -143,17 +171,22 @@ def test_quantised_model_predicts_generates_and_saves(name, mode, rng, tmp_path)
     denses = [layer for layer in model._flatten_layers()
               if isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense))]
     assert denses and {layer.quantization_mode for layer in denses} == {mode}
+    integer = mode in ("int8", "int4")
     for layer in model._flatten_layers():
-        if isinstance(layer, TokenEmbedding):
-            assert layer.quantization_mode == ("int8" if mode == "int8" else None)
-    if mode == "int8":
-        kernels = [w for w in model.weights if w.path.endswith("/kernel")]
+        if isinstance(layer, INTEGER_ONLY):
+            assert layer.quantization_mode == (mode if integer else None), layer.path
+    if name == "moe_causal_lm":
+        assert any(isinstance(layer, ExpertWeights) for layer in model._flatten_layers())
+    if integer:  # every matrix is stored in int8 (int4: two values per byte)
+        kernels = [w for w in model.weights
+                   if w.name in ("kernel", "expert_kernel")]
         assert kernels and all(keras.backend.standardize_dtype(w.dtype) == "int8"
-                               for w in kernels if "patch_embedding" not in w.path)
+                               for w in kernels), [w.path for w in kernels]
 
     actual = outputs_of(model, x)
     assert np.all(np.isfinite(actual))
-    assert 0 < relative_difference(actual, expected) < QUANTIZED_TOLERANCE[mode]
+    tolerance = (MOE_TOLERANCE if name == "moe_causal_lm" else QUANTIZED_TOLERANCE)[mode]
+    assert 0 < relative_difference(actual, expected) < tolerance
 
     if (name, mode) in GENERATES:
         prompts = MODELS[name][2](rng)
@@ -195,7 +228,7 @@ def test_float8_quantisation_aware_fine_tuning(rng):
     assert np.all(np.isfinite(outputs_of(model, x)))
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", HALF_PRECISION_MODELS)
 def test_half_precision_inference(name, rng):
     reference = build(name)
     x = MODELS[name][1](rng)

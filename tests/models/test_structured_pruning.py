@@ -11,6 +11,7 @@ from keras_xf.models import CausalLM
 from keras_xf.models import TransformerBackbone
 from keras_xf.models import importance_scores
 from keras_xf.models import layer_importance
+from keras_xf.models import prune_heads
 from keras_xf.models import prune_layers
 from keras_xf.models import prune_structure
 from keras_xf.models import top_indices
@@ -108,6 +109,20 @@ def test_pruned_model_equals_masked_model_and_is_smaller(rng, task):
         removed += (2 - kept_groups) * 2 * HEAD_DIM * (tiny.WIDTH + 1)  # W_k, b_k, W_v, b_v
         removed += (tiny.FFN - len(kept_units)) * (2 * tiny.WIDTH + 1)  # W_h, b_h, W_f
     assert count_params(pruned) == count_params(model) - removed
+
+
+def test_prune_heads_keeps_every_unit(rng):
+    model, x, _ = built(lm(2), rng)
+    heads = KEPT_HEADS[2]
+    pruned = prune_heads(model, heads=heads)
+    units = [list(range(tiny.FFN))] * 2
+    np.testing.assert_allclose(to_numpy(pruned(x)), to_numpy(masked_copy(model, heads, units)(x)),
+                               rtol=1e-5, atol=1e-5)
+    blocks = pruned.backbone.transformer_stack.blocks
+    assert [b.mixer.num_heads for b in blocks] == [2, 2]
+    assert [b.feedforward.hidden_dim for b in blocks] == [tiny.FFN] * 2
+    with pytest.raises(ValueError, match="heads=None"):
+        prune_heads(model, heads=None)
 
 
 def test_pruned_model_saves_and_fine_tunes(rng, tmp_path):

@@ -53,8 +53,8 @@ def test_embeddings_match_reference_and_weight_count(rng):
     weights = {
         "token": to_float64(model.text_embedding.token_embedding.embeddings),
         "text_position": to_float64(model.text_embedding.position_embedding.position_embeddings),
-        "patch_kernel": to_float64(model.patch_embedding.kernel),
-        "patch_bias": to_float64(model.patch_embedding.bias),
+        "patch_kernel": to_float64(model.patch_embedding.projection.kernel),
+        "patch_bias": to_float64(model.patch_embedding.projection.bias),
         "image_position": to_float64(model.image_position_embedding.position_embeddings),
         "type": to_float64(model.type_embedding.embeddings),
     }

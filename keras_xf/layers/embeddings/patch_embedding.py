@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.cloning import clone_initializer
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import get_initializer
 
@@ -19,8 +20,10 @@ class PatchEmbedding(keras.layers.Layer):
         `e_n = x_n W + b`,   `W ∈ R^{(P·P·C) × d}`.
 
     This is the same map as a convolution with a `P × P` kernel and stride `P`: the kernel
-    `[P, P, C, d]` reshaped to `[P·P·C, d]` is `W`. Position embeddings are added separately
-    (`PatchPositionEmbedding`).
+    `[P, P, C, d]` reshaped to `[P·P·C, d]` is `W`. `W` and `b` are the kernel and bias of a
+    `Dense` sub-layer `projection` applied to the flattened patches `[B, N, P·P·C]`, so
+    `model.quantize(mode)` quantises it like every other projection. Position embeddings are
+    added separately (`PatchPositionEmbedding`).
 
     Args:
         patch_size: int, the side `P` of the square patches.
@@ -98,17 +101,14 @@ class PatchEmbedding(keras.layers.Layer):
         self._grid(inputs_shape)
         self.channels = int(inputs_shape[-1])
         patch_dim = self.patch_size * self.patch_size * self.channels
-        self.kernel = self.add_weight(
-            name="kernel",
-            shape=(patch_dim, self.hidden_dim),
-            initializer=self.kernel_initializer,
+        # A `Dense`, so that `model.quantize` reaches the patch projection.
+        self.projection = keras.layers.Dense(
+            self.hidden_dim, use_bias=self.use_bias,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy, name="projection",
         )
-        if self.use_bias:
-            self.bias = self.add_weight(
-                name="bias", shape=(self.hidden_dim,), initializer=self.bias_initializer
-            )
-        else:
-            self.bias = None
+        self.projection.build((None, None, patch_dim))
 
     def call(self, inputs):
         rows, cols = self._grid(tuple(inputs.shape))
@@ -117,10 +117,7 @@ class PatchEmbedding(keras.layers.Layer):
         x = ops.reshape(x, (-1, rows, p, cols, p, c))
         x = ops.transpose(x, (0, 1, 3, 2, 4, 5))  # [B, rows, cols, P, P, C]
         x = ops.reshape(x, (-1, rows * cols, p * p * c))
-        outputs = ops.matmul(x, ops.cast(self.kernel, self.compute_dtype))
-        if self.use_bias:
-            outputs = outputs + ops.cast(self.bias, self.compute_dtype)
-        return outputs
+        return self.projection(x)
 
     def compute_output_shape(self, inputs_shape):
         rows, cols = self._grid(tuple(inputs_shape))

@@ -12,6 +12,8 @@ from keras_xf.ops.checks import get_initializer
 
 
 _FEW_ROWS = 64  # below this many rows the output projection multiplies the table first
+# int8: symmetric [-127, 127]; int4: Keras' packed int4 range [-8, 7].
+_VALUE_RANGES = {"int8": (-127, 127), "int4": (-8, 7)}
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -25,8 +27,12 @@ class TokenEmbedding(keras.layers.Layer):
     `quantize("int8")` (or `model.quantize("int8")`) stores `q = round(E · s)` in int8 with
     one scale `s_v = 127 / max|E_v|` per token `v`: the lookup returns `q[ids] / s[ids]`, the
     tied projection `(h · qᵀ) / s` (the same int8 table and scales), and an untied `W_out` is
-    quantised column by column the same way. Other modes raise `NotImplementedError`, which
-    `Model.quantize` reports as a warning, as for Keras' `Embedding`.
+    quantised column by column the same way. `quantize("int4")` does the same with
+    `s_v = 7 / max|E_v|` and values in `[-8, 7]` packed two per byte along `d`, one scale
+    per token whatever the configuration's block size (a scale per block of `d` would not
+    factor out of the tied projection's sum over `d`). `float8` raises
+    `NotImplementedError`, which `Model.quantize` reports as a warning, as for Keras'
+    `Embedding` (Keras has no float8 embedding lookup).
 
     Args:
         vocabulary_size: int, number of tokens.
@@ -71,7 +77,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     def build(self, inputs_shape=None):
         if self.quantization_mode is not None:
-            # A quantised layer being rebuilt (loading a `.keras` file): int8 state only.
+            # A quantised layer being rebuilt (loading a `.keras` file): integer state only.
             self.quantized_build(inputs_shape, mode=self.quantization_mode)
             return
         self.embeddings = self.add_weight(
@@ -92,17 +98,29 @@ class TokenEmbedding(keras.layers.Layer):
     def _int8_call(self, inputs, reverse=False):
         return self._embed_or_project(inputs, reverse, quantized=True)
 
+    def _int4_call(self, inputs, reverse=False):
+        return self._embed_or_project(inputs, reverse, quantized=True)
+
+    def _table(self, name):
+        """A table as stored, or its int4 values unpacked to int8 (packed along `d`)."""
+        table = getattr(self, name)
+        if self.quantization_mode != "int4":
+            return table
+        axis = 1 if name == "embeddings" else 0
+        return keras.quantizers.unpack_int4(table, self.embedding_dim, axis=axis)
+
     def _embed_or_project(self, inputs, reverse, quantized):
         """Float and int8 paths; int8 tables hold `q = round(E · s)` with one scale `s` per
         vocabulary entry, so `E ≈ q / s` row by row (lookup) and column by column (logits)."""
         if reverse:
             check_width(inputs, self.embedding_dim)
             if not self.tie_weights:
-                logits = ops.matmul(inputs, ops.cast(self.reverse_embeddings, self.compute_dtype))
+                logits = ops.matmul(inputs, ops.cast(self._table("reverse_embeddings"),
+                                                     self.compute_dtype))
                 return self._descale(logits, "reverse_embeddings_scale", quantized)
             # int8: float hidden states times the int8 table, then the per-token scale; this
             # equals the dequantised table's logits (only weight rounding, no input rounding).
-            table = ops.cast(self.embeddings, self.compute_dtype)
+            table = ops.cast(self._table("embeddings"), self.compute_dtype)
             # Only for concrete sizes: symbolic ones (shape-polymorphic export, torch.export)
             # would turn the comparison into a guard on the exported input shapes.
             leading = tuple(inputs.shape[:-1])
@@ -117,7 +135,7 @@ class TokenEmbedding(keras.layers.Layer):
                 logits = ops.matmul(inputs, ops.transpose(table))
             return self._descale(logits, "embeddings_scale", quantized)
         ids = ops.cast(inputs, "int32")
-        outputs = ops.cast(ops.take(self.embeddings, ids, axis=0), self.compute_dtype)
+        outputs = ops.cast(ops.take(self._table("embeddings"), ids, axis=0), self.compute_dtype)
         if quantized:
             # From a `[V, 1]` table: Keras' 1-D `take` on PyTorch adds a Squeeze ONNX rejects.
             scale = ops.take(ops.expand_dims(self.embeddings_scale, -1), ids, axis=0)
@@ -132,27 +150,29 @@ class TokenEmbedding(keras.layers.Layer):
         return ops.divide(logits, ops.cast(getattr(self, scale_name), logits.dtype))
 
     def quantize(self, mode=None, type_check=True, config=None):
-        """Quantises the table(s) in place to int8 (`model.quantize("int8")`), as Keras'
-        `Embedding` and `ReversibleEmbedding` do: symmetric abs-max, one scale per vocabulary
-        entry (rows of `E`, columns of the untied `W_out`)."""
+        """Quantises the table(s) in place to int8 or int4 (`model.quantize(mode)`), as Keras'
+        `Embedding` and `ReversibleEmbedding` do per channel: symmetric abs-max, one scale per
+        vocabulary entry (rows of `E`, columns of the untied `W_out`)."""
         if type_check and type(self) is not TokenEmbedding:
             raise self._not_implemented_error(self.quantize)
         # Keras' protocol: NotImplementedError, which `Model.quantize` turns into a warning.
-        if mode != "int8":
+        if mode not in _VALUE_RANGES:
             raise self._quantization_mode_error(mode)
-        quantizer = keras.quantizers.QuantizationConfig.weight_quantizer_or_default(
-            config, keras.quantizers.AbsMaxQuantizer(axis=-1)
-        )
-        values, scale = quantizer(self.embeddings, to_numpy=True)
-        scale = ops.squeeze(scale, axis=-1)
+
+        def quantized(table, axis):  # `axis`: the axis of `d`, reduced by the abs-max
+            default = keras.quantizers.AbsMaxQuantizer(
+                axis=axis, value_range=_VALUE_RANGES[mode], output_dtype="int8")
+            quantizer = keras.quantizers.QuantizationConfig.weight_quantizer_or_default(
+                config, default)
+            values, scale = quantizer(table, to_numpy=True)
+            if mode == "int4":  # two values per byte, along `d` (the reduced axis)
+                values, _, _ = keras.quantizers.pack_int4(values, axis=axis)
+            return values, ops.squeeze(scale, axis=axis)
+
+        values, scale = quantized(self.embeddings, 1)
         del self.embeddings
         if not self.tie_weights:
-            reverse_quantizer = keras.quantizers.QuantizationConfig.weight_quantizer_or_default(
-                config, keras.quantizers.AbsMaxQuantizer(axis=0)
-            )
-            reverse_values, reverse_scale = reverse_quantizer(self.reverse_embeddings,
-                                                              to_numpy=True)
-            reverse_scale = ops.squeeze(reverse_scale, axis=0)
+            reverse_values, reverse_scale = quantized(self.reverse_embeddings, 0)
             del self.reverse_embeddings
         self.quantized_build(None, mode, config)
         self.embeddings.assign(values)
@@ -161,13 +181,15 @@ class TokenEmbedding(keras.layers.Layer):
             self.reverse_embeddings.assign(reverse_values)
             self.reverse_embeddings_scale.assign(reverse_scale)
         if self.dtype_policy.quantization_mode is None:
-            self.dtype_policy = keras.dtype_policies.get(f"{mode}_from_{self.dtype_policy.name}")
+            name = "int4/-1" if mode == "int4" else mode  # -1: per channel
+            self.dtype_policy = keras.dtype_policies.get(f"{name}_from_{self.dtype_policy.name}")
 
     def quantized_build(self, inputs_shape, mode, config=None):
-        if mode != "int8":
+        if mode not in _VALUE_RANGES:
             raise self._quantization_mode_error(mode)
+        width = self.embedding_dim if mode == "int8" else (self.embedding_dim + 1) // 2
         self.embeddings = self.add_weight(
-            name="embeddings", shape=(self.vocabulary_size, self.embedding_dim),
+            name="embeddings", shape=(self.vocabulary_size, width),
             initializer="zeros", dtype="int8", trainable=False,
         )
         self.embeddings_scale = self.add_weight(
@@ -176,7 +198,7 @@ class TokenEmbedding(keras.layers.Layer):
         )
         if not self.tie_weights:
             self.reverse_embeddings = self.add_weight(
-                name="reverse_embeddings", shape=(self.embedding_dim, self.vocabulary_size),
+                name="reverse_embeddings", shape=(width, self.vocabulary_size),
                 initializer="zeros", dtype="int8", trainable=False,
             )
             self.reverse_embeddings_scale = self.add_weight(
@@ -189,11 +211,11 @@ class TokenEmbedding(keras.layers.Layer):
     def variable_serialization_spec(self):
         """Variable names in saving order per quantisation mode (Keras' `Embedding` /
         `ReversibleEmbedding` layout: table, its scale, then the untied matrix and scale)."""
-        spec = {None: ["embeddings"], "int8": ["embeddings", "embeddings_scale"]}
+        quantized = ["embeddings", "embeddings_scale"]
         if not self.tie_weights:
-            spec[None].append("reverse_embeddings")
-            spec["int8"] += ["reverse_embeddings", "reverse_embeddings_scale"]
-        return spec
+            quantized += ["reverse_embeddings", "reverse_embeddings_scale"]
+        plain = ["embeddings"] + ([] if self.tie_weights else ["reverse_embeddings"])
+        return {None: plain, "int8": quantized, "int4": quantized}
 
     def save_own_variables(self, store):
         if not self.built:
@@ -210,7 +232,8 @@ class TokenEmbedding(keras.layers.Layer):
 
     def _quantization_mode_error(self, mode):
         return NotImplementedError(
-            f"TokenEmbedding supports quantization mode 'int8' only. Received: mode={mode}"
+            "TokenEmbedding supports quantization modes 'int8' and 'int4'. "
+            f"Received: mode={mode}"
         )
 
     def _serialised_names(self):

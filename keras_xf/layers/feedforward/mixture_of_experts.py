@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.feedforward.expert_weights import ExpertWeights
 from keras_xf.layers.feedforward.feed_forward import ACTIVATIONS
 from keras_xf.layers.feedforward.feed_forward import GATED
 from keras_xf.layers.feedforward.feed_forward import FeedForward
@@ -14,33 +16,12 @@ from keras_xf.layers.feedforward.moe_statistics import RouterStatistics
 from keras_xf.layers.feedforward.router import Router
 from keras_xf.layers.feedforward.router import validate_routing
 from keras_xf.ops import moe as dispatch
-from keras_xf.ops.backend_specific import grouped_matmul
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_token_mask
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
-
-def _stacked_initializer(initializer, num_experts, slices):
-    """Initialises `[M, a, b]` as `M` independent `[a, b]` matrices (fans of one expert), or,
-    for the slice form, as one `[a, M·b]` matrix (`W_h`) or `[M·a, b]` (`W_f`) cut in slices,
-    so that the sliced layer starts like the dense feedforward it splits."""
-    config = keras.initializers.serialize(initializer)
-
-    def fresh():
-        return keras.initializers.deserialize(config)
-
-    def initialize(shape, dtype=None):
-        experts, rows, cols = shape
-        if slices == "columns":
-            full = fresh()((rows, experts * cols), dtype=dtype)
-            return ops.transpose(ops.reshape(full, (rows, experts, cols)), (1, 0, 2))
-        if slices == "rows":
-            return ops.reshape(fresh()((experts * rows, cols), dtype=dtype), shape)
-        return ops.stack([fresh()((rows, cols), dtype=dtype) for _ in range(experts)])
-
-    return initialize
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -65,8 +46,12 @@ class MixtureOfExperts(FeedForwardLayer):
     feedforward of width `intermediate_dim` whose `W_h` (and `W_f`) are split into `M`
     slices, each an expert of width `intermediate_dim / M`, with one shared output bias.
     `num_shared_experts` always-on experts (each of the experts' width) are added to every
-    token with weight 1. The expert weights are stacked variables with a leading expert
-    axis named `expert_*` (`expert_kernel_in [M, d, f]`, `expert_kernel_out [M, f, d]`, …).
+    token with weight 1. The expert weights are `ExpertWeights` layers (`experts_in`,
+    `experts_gate`, `experts_out`) holding stacked variables with a leading expert axis named
+    `expert_*` (kernels `[M, d, f]`, `[M, f, d]`, biases `[M, f]`), so `model.quantize("int8")`
+    or `"int4"` quantises every expert (one scale per expert and output column) and the
+    router's `Dense` gate. `expert_kernel_in`, `expert_kernel_gate`, `expert_kernel_out` and
+    `expert_bias_*` name those variables.
 
     Auxiliary losses (added with `add_loss`, over non-padding tokens): the Switch
     load-balancing loss `M · Σ_i f_i · P_i` (`f_i`: fraction of the `k·N` assignments routed
@@ -197,9 +182,13 @@ class MixtureOfExperts(FeedForwardLayer):
     # The block passes its padding mask to a feedforward that declares it uses one.
     uses_padding_mask = True
 
-    def _expert_weight(self, name, shape, initializer):
-        return self.add_weight(name=name, shape=(self.num_experts,) + shape,
-                               initializer=initializer)
+    def _expert_layer(self, name, units, init_slices, use_bias=None):
+        return ExpertWeights(
+            self.num_experts, units, use_bias=self.use_bias if use_bias is None else use_bias,
+            kernel_initializer=self.kernel_initializer, bias_initializer=self.bias_initializer,
+            init_slices=init_slices if self.slices else None, dtype=self.dtype_policy,
+            name=name,
+        )
 
     def build(self, inputs_shape):
         width = inputs_shape[-1]
@@ -208,62 +197,70 @@ class MixtureOfExperts(FeedForwardLayer):
                 f"MixtureOfExperts needs a known last dimension. Received: "
                 f"inputs_shape={inputs_shape}"
             )
-        m, f = self.num_experts, self.expert_dim
-        kernel = lambda form: _stacked_initializer(  # noqa: E731
-            self.kernel_initializer, m, form if self.slices else None)
-        bias = lambda: self.bias_initializer.__class__.from_config(  # noqa: E731
-            self.bias_initializer.get_config())
+        self.width = width
+        f = self.expert_dim
         self.router.build(inputs_shape)
-        self.expert_kernel_in = self._expert_weight("expert_kernel_in", (width, f),
-                                                    kernel("columns"))
-        self.expert_kernel_gate = None
+        self.experts_in = self._expert_layer("experts_in", f, "columns")
+        self.experts_gate = None
         if self.activation in GATED:
-            self.expert_kernel_gate = self._expert_weight("expert_kernel_gate", (width, f),
-                                                          kernel("columns"))
-        self.expert_kernel_out = self._expert_weight("expert_kernel_out", (f, width),
-                                                     kernel("rows"))
-        self.expert_bias_in = self.expert_bias_gate = None
-        self.expert_bias_out = self.output_bias = None
-        if self.use_bias:
-            self.expert_bias_in = self._expert_weight("expert_bias_in", (f,), bias())
-            if self.expert_kernel_gate is not None:
-                self.expert_bias_gate = self._expert_weight("expert_bias_gate", (f,), bias())
-            if self.slices:
-                self.output_bias = self.add_weight(name="output_bias", shape=(width,),
-                                                   initializer=bias())
-            else:
-                self.expert_bias_out = self._expert_weight("expert_bias_out", (width,), bias())
+            self.experts_gate = self._expert_layer("experts_gate", f, "columns")
+        # The slice form shares one output bias instead of one per expert.
+        self.experts_out = self._expert_layer("experts_out", width, "rows",
+                                              use_bias=self.use_bias and not self.slices)
+        for layer, rows in ((self.experts_in, width), (self.experts_gate, width),
+                            (self.experts_out, f)):
+            if layer is not None:
+                layer.build((None, None, rows))
+        self.output_bias = None
+        if self.use_bias and self.slices:
+            self.output_bias = self.add_weight(
+                name="output_bias", shape=(width,),
+                initializer=clone_initializer(self.bias_initializer))
         if self.shared_experts is not None:
             self.shared_experts.build(inputs_shape)
         self.statistics.build_variables(self)
 
+    def _variable(self, layer, name):
+        return None if layer is None else getattr(layer, name)
+
+    @property
+    def expert_kernel_in(self):
+        return self.experts_in.expert_kernel
+
+    @property
+    def expert_kernel_gate(self):
+        return self._variable(self.experts_gate, "expert_kernel")
+
+    @property
+    def expert_kernel_out(self):
+        return self.experts_out.expert_kernel
+
+    @property
+    def expert_bias_in(self):
+        return self.experts_in.expert_bias
+
+    @property
+    def expert_bias_gate(self):
+        return self._variable(self.experts_gate, "expert_bias")
+
+    @property
+    def expert_bias_out(self):
+        return self.experts_out.expert_bias
+
     def _experts(self, rows, block_expert=None, training=None):
         """The expert feedforwards on `rows [G, R, d]`: group `g` is expert `g`, or expert
         `block_expert[g]` (weights gathered per block)."""
-
-        def weight(variable):
-            if variable is None:
-                return None
-            return variable if block_expert is None else ops.take(variable, block_expert, 0)
-
-        hidden = grouped_matmul(rows, weight(self.expert_kernel_in))  # [G, R, d] @ [G, d, f]
-        if self.expert_bias_in is not None:
-            hidden = hidden + weight(self.expert_bias_in)[:, None, :]
-        if self.expert_kernel_gate is not None:
-            gate = grouped_matmul(rows, weight(self.expert_kernel_gate))
-            if self.expert_bias_gate is not None:
-                gate = gate + weight(self.expert_bias_gate)[:, None, :]
+        hidden = self.experts_in(rows, expert_index=block_expert)
+        if self.experts_gate is not None:
+            gate = self.experts_gate(rows, expert_index=block_expert)
             hidden = apply_activation(self.activation, gate) * hidden
         else:
             hidden = apply_activation(self.activation, hidden)
         hidden = self.dropout_layer(hidden, training=training)
-        outputs = grouped_matmul(hidden, weight(self.expert_kernel_out))
-        if self.expert_bias_out is not None:
-            outputs = outputs + weight(self.expert_bias_out)[:, None, :]
-        return outputs
+        return self.experts_out(hidden, expert_index=block_expert)
 
     def call(self, inputs, padding_mask=None, training=None):
-        width = self.expert_kernel_in.shape[1]
+        width = self.width
         check_width(inputs, width)
         check_token_mask(padding_mask, inputs)
         lead = ops.shape(inputs)[:-1]

@@ -20,7 +20,9 @@ class Router(keras.layers.Layer):
     `"topk_then_softmax"` selects the `k` largest logits of `h · W_g` and applies the softmax
     to those `k` only. With `noise_std > 0`, Gaussian noise of that standard deviation is
     added to the logits during training (noisy gating). The logits, softmax and gates are
-    computed in float32 whatever the layer's dtype policy.
+    computed in float32 whatever the layer's dtype policy: `W_g` is the kernel of a float32
+    `Dense` sub-layer `gate`, which `model.quantize` may quantise (its int8 or int4 matmul
+    still returns float32 logits).
 
     Args:
         num_experts: int, `M`.
@@ -73,29 +75,37 @@ class Router(keras.layers.Layer):
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed) if self.noise_std > 0 else None
 
+    # Sub-layers kept float32 whatever the layer's policy.
+    float32_sublayers = ("gate",)
+
     def build(self, inputs_shape):
         width = inputs_shape[-1]
         if width is None:
             raise ValueError(
                 f"Router needs a known last dimension. Received: inputs_shape={inputs_shape}"
             )
-        # Router weights stay float32 inside the computation (autocast=False): routing
-        # decisions are sensitive to rounding.
-        self.kernel = self.add_weight(
-            name="kernel", shape=(width, self.num_experts),
-            initializer=self.kernel_initializer, autocast=False,
+        self.input_dim = width
+        # The gate is float32 whatever the layer's policy (routing decisions are sensitive to
+        # rounding); a `Dense`, so `model.quantize` reaches it and its logits stay float32.
+        self.gate = keras.layers.Dense(
+            self.num_experts, use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer, dtype="float32",
+            name="gate",
         )
-        self.bias = None
-        if self.use_bias:
-            self.bias = self.add_weight(
-                name="bias", shape=(self.num_experts,), initializer="zeros", autocast=False
-            )
+        self.gate.build((None, width))
+
+    @property
+    def kernel(self):
+        """The gate's kernel `W_g [d, M]`."""
+        return self.gate.kernel
+
+    @property
+    def bias(self):
+        return self.gate.bias
 
     def call(self, inputs, training=None):
-        check_width(inputs, self.kernel.shape[0])
-        logits = ops.matmul(ops.cast(inputs, "float32"), ops.cast(self.kernel, "float32"))
-        if self.bias is not None:
-            logits = logits + ops.cast(self.bias, "float32")
+        check_width(inputs, self.input_dim)
+        logits = ops.cast(self.gate(ops.cast(inputs, "float32")), "float32")
         if training and self.noise_std > 0:
             noise = keras.random.normal(
                 ops.shape(logits), stddev=self.noise_std, dtype="float32",

@@ -106,8 +106,8 @@ def tensor_map(model, config):
         _positions(f"{prefix}embeddings.position_embeddings", backbone.class_token,
                    backbone.position_embedding.position_embeddings),
         _patch_kernel(f"{prefix}embeddings.patch_embeddings.projection.weight",
-                      embedding.kernel, backbone.patch_size, backbone.image_shape[-1]),
-        copy(f"{prefix}embeddings.patch_embeddings.projection.bias", embedding.bias),
+                      embedding.projection.kernel, backbone.patch_size, backbone.image_shape[-1]),
+        copy(f"{prefix}embeddings.patch_embeddings.projection.bias", embedding.projection.bias),
     ]
     for index, block in enumerate(backbone.transformer_stack.blocks):
         entries += _block_entries(f"{prefix}encoder.layer.{index}", block)

@@ -45,8 +45,8 @@ def test_matches_reference_and_strided_convolution(rng, use_bias):
     layer = make_layer(use_bias=use_bias, bias_initializer="random_normal")
     x = images(rng)
     outputs = to_numpy(layer(x))
-    kernel = to_numpy(layer.kernel)
-    bias = to_numpy(layer.bias) if use_bias else None
+    kernel = to_numpy(layer.projection.kernel)
+    bias = to_numpy(layer.projection.bias) if use_bias else None
     assert outputs.shape == (2, 6, DIM)
     np.testing.assert_allclose(
         outputs, reference.patch_embedding(x, PATCH, kernel, bias), atol=1e-5, rtol=1e-5

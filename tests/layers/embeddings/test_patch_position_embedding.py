@@ -70,7 +70,8 @@ def test_adds_to_patch_embeddings(rng):
     embed = PatchEmbedding(patch_size=2, hidden_dim=DIM)
     tokens = embed(images)
     summed = to_numpy(tokens + make_layer(kind="sinusoidal_2d")(tokens))
-    expected = reference.patch_embedding(images, 2, to_numpy(embed.kernel), to_numpy(embed.bias))
+    expected = reference.patch_embedding(images, 2, to_numpy(embed.projection.kernel),
+                                         to_numpy(embed.projection.bias))
     np.testing.assert_allclose(summed, expected + reference.sinusoidal_2d(ROWS, COLS, DIM),
                                atol=1e-5)
 

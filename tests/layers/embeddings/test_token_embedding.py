@@ -14,6 +14,7 @@ from tests.layer_checks import to_numpy
 from tests.layer_checks import wrap_in_model
 from tests.layer_checks import xla_only
 from tests.layers.bad_inputs import raises_naming
+from tests.reference import quantization
 
 VOCAB, DIM = 11, 8
 
@@ -270,12 +271,14 @@ def test_embedding_normalization_config_saving_and_mixed_precision(rng, tmp_path
     assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"
 
 
-# int8 quantisation: `q = round(E · s)` with `s_v = 127 / max|E_v|`, so every dequantised entry
-# is within half a step, `max|E_v| / 254`, of the float one; that bound (not a loose tolerance)
-# is what the lookup and the logits are checked against.
+# int8 / int4 quantisation: `q = round(E · s)` with `s_v = r / max|E_v|` (`r` = 127 or 7), so
+# every dequantised entry is within half a step, `max|E_v| / 2r`, of the float one; that bound
+# (not a loose tolerance) is what the lookup and the logits are checked against.
+MODES = ["int8", "int4"]
+RANGE = {"int8": 127, "int4": 7}
 
 
-def quantised(tie_weights=True, rng=None, **kwargs):
+def quantised(tie_weights=True, rng=None, mode="int8", **kwargs):
     """A built layer with random tables and its float32 copies (table `[V, d]`, output matrix)."""
     layer = make_layer(tie_weights=tie_weights, **kwargs)
     layer.build((2, 5))
@@ -283,46 +286,58 @@ def quantised(tie_weights=True, rng=None, **kwargs):
         weight.assign(rng.normal(size=weight.shape).astype("float32"))
     table = to_numpy(layer.embeddings).copy()
     output = table.T if tie_weights else to_numpy(layer.reverse_embeddings).copy()
-    layer.quantize("int8")
+    layer.quantize(mode)
     return layer, table, output
 
 
-def half_step(matrix, axis):
-    return np.abs(matrix).max(axis=axis, keepdims=True) / 254
+def half_step(matrix, axis, mode="int8"):
+    return np.abs(matrix).max(axis=axis, keepdims=True) / (2 * RANGE[mode])
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
-def test_int8_variables_replace_the_float_tables(rng, tie_weights):
-    layer, _, _ = quantised(tie_weights, rng)
-    assert layer.quantization_mode == "int8" and layer.dtype_policy.name == "int8_from_float32"
+def test_quantised_variables_replace_the_float_tables(rng, tie_weights, mode):
+    layer, table, output = quantised(tie_weights, rng, mode)
+    policy = "int8_from_float32" if mode == "int8" else "int4/-1_from_float32"
+    assert layer.quantization_mode == mode and layer.dtype_policy.name == policy
     assert layer.trainable_weights == []
     found = {w.name: (keras.backend.standardize_dtype(w.dtype), tuple(w.shape))
              for w in layer.weights}
-    expected = {"embeddings": ("int8", (VOCAB, DIM)), "embeddings_scale": ("float32", (VOCAB,))}
+    stored = DIM if mode == "int8" else (DIM + 1) // 2  # int4: two values per byte along d
+    expected = {"embeddings": ("int8", (VOCAB, stored)),
+                "embeddings_scale": ("float32", (VOCAB,))}
     if not tie_weights:
-        expected.update(reverse_embeddings=("int8", (DIM, VOCAB)),
+        expected.update(reverse_embeddings=("int8", (stored, VOCAB)),
                         reverse_embeddings_scale=("float32", (VOCAB,)))
     assert found == expected
+    values, _ = quantization.abs_max_quantize(table, axis=-1, mode=mode)
+    np.testing.assert_array_equal(to_numpy(layer._table("embeddings")), values)
+    if not tie_weights:
+        values, _ = quantization.abs_max_quantize(output, axis=0, mode=mode)
+        np.testing.assert_array_equal(to_numpy(layer._table("reverse_embeddings")), values)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
 @pytest.mark.parametrize("shape", [(2, 5), (4, 20)], ids=["few_rows", "many_rows"])
-def test_int8_lookup_and_logits_stay_within_the_rounding_bound(rng, tie_weights, shape):
-    layer, table, output = quantised(tie_weights, rng, scale=True)
+def test_quantised_lookup_and_logits_stay_within_the_rounding_bound(rng, tie_weights, shape,
+                                                                     mode):
+    layer, table, output = quantised(tie_weights, rng, mode, scale=True)
     ids = rng.integers(0, VOCAB, size=shape).astype("int32")
     error = np.abs(to_numpy(layer(ids)) / np.sqrt(DIM) - table[ids])
-    assert np.all(error <= half_step(table, -1)[ids] * (1 + 1e-5) + 1e-7)
-    assert error.max() > 0  # the table really is int8
+    assert np.all(error <= half_step(table, -1, mode)[ids] * (1 + 1e-5) + 1e-7)
+    assert error.max() > 0  # the table really is quantised
     # Both sizes: the decoding path (table first) and the batch path (rows first).
     hidden = rng.normal(size=shape + (DIM,)).astype("float32")
     logits = to_numpy(layer(hidden, reverse=True))
-    bound = np.abs(hidden).sum(-1, keepdims=True) * half_step(output, 0)
+    bound = np.abs(hidden).sum(-1, keepdims=True) * half_step(output, 0, mode)
     assert np.all(np.abs(logits - hidden @ output) <= bound * (1 + 1e-5) + 1e-5)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
-def test_int8_saving_keeps_the_int8_state(rng, tmp_path, tie_weights):
-    layer, _, _ = quantised(tie_weights, rng, scale=True)
+def test_quantised_saving_keeps_the_integer_state(rng, tmp_path, tie_weights, mode):
+    layer, _, _ = quantised(tie_weights, rng, mode, scale=True)
     model = language_model(layer)
     loaded = check_saving(model, [token_ids(rng)], tmp_path, atol=0)
     assert sorted(keras.backend.standardize_dtype(w.dtype) for w in loaded.weights) == \
@@ -330,18 +345,17 @@ def test_int8_saving_keeps_the_int8_state(rng, tmp_path, tie_weights):
     # Keras' order for (Reversible)Embedding: table, scale, then the untied matrix and scale.
     store = {}
     layer.save_own_variables(store)
-    names = layer.variable_serialization_spec["int8"]
+    names = layer.variable_serialization_spec[mode]
     assert [tuple(store[str(i)].shape) for i in range(len(store))] == \
         [tuple(getattr(layer, name).shape) for name in names]
     assert names[:2] == ["embeddings", "embeddings_scale"] and len(store) == (2 if tie_weights else 4)
 
 
-@pytest.mark.parametrize("mode", ["float8", "int4"])
-def test_unsupported_quantization_modes_raise_as_keras_embedding(mode):
+def test_float8_raises_as_keras_embedding():
     layer = make_layer()
     layer.build((2, 5))
-    with pytest.raises(NotImplementedError, match=f"mode={mode}"):
-        layer.quantize(mode)
+    with pytest.raises(NotImplementedError, match="mode=float8"):
+        layer.quantize("float8")
     assert layer.quantization_mode is None
     assert keras.backend.standardize_dtype(layer.embeddings.dtype) == "float32"
 

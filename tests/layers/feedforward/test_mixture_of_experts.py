@@ -179,8 +179,8 @@ def test_gradients_reach_router_and_experts(rng):
     model.fit(x, np.ones_like(x), epochs=1, batch_size=B, verbose=0)
     changed = {w.path for w in model.trainable_weights
                if not np.allclose(to_float64(w), before[w.path])}
-    for name in ("router/kernel", "expert_kernel_in", "expert_kernel_gate", "expert_kernel_out",
-                 "shared_experts/hidden/kernel"):
+    for name in ("router/gate/kernel", "experts_in/expert_kernel", "experts_gate/expert_kernel",
+                 "experts_out/expert_kernel", "shared_experts/hidden/kernel"):
         assert any(name in path for path in changed), (name, changed)
 
 
@@ -191,9 +191,10 @@ def test_config_round_trip_and_weights(rng):
     assert clone.capacity_factor is None
     x = random_normal(rng, (B, T, D))
     model = checks.wrap_in_model(layer, [x], {"padding_mask": padding_mask(LENGTHS, T)})
-    names = sorted(w.name for w in layer.weights if w.trainable and w.name.startswith("expert_"))
-    assert names == ["expert_bias_gate", "expert_bias_in", "expert_bias_out",
-                     "expert_kernel_gate", "expert_kernel_in", "expert_kernel_out"]
+    names = sorted(w.path.split("/", 1)[1] for w in layer.weights
+                   if w.trainable and w.name.startswith("expert_"))
+    assert names == [f"experts_{part}/expert_{kind}" for part in ("gate", "in", "out")
+                     for kind in ("bias", "kernel")]
     assert tuple(layer.expert_kernel_in.shape) == (M, D, F)
     assert tuple(layer.expert_kernel_out.shape) == (M, F, D)
     experts = M * (3 * D * F + 2 * F + D)
