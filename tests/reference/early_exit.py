@@ -108,3 +108,18 @@ def margin_stop_lengths(stop_probability, prompt_lengths, margin, stop_positions
                 lengths[row] = i + 1
                 break
     return lengths
+
+
+def stop_logits(states, weights):
+    """The stop logit `z_i = w_o · relu(W_h s_i + b_h) + b_o` (or `w_o · s_i + b_o`) of each
+    state `[..., d]`; `weights` lists `(kernel, bias)` of the hidden layer (if any), then of
+    the output layer `[·, 1]`."""
+    x = np.asarray(states, np.float64)
+    for kernel, bias in weights[:-1]:
+        x = np.maximum(x @ np.asarray(kernel, np.float64) + bias, 0.0)
+    kernel, bias = weights[-1]
+    return (x @ np.asarray(kernel, np.float64) + bias)[..., 0]
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
