@@ -368,7 +368,8 @@ class GenerativeTask(FunctionalModel):
             output_mask = ops.logical_and(
                 output_mask, ops.arange(max_length)[None, :] < lengths[:, None])
         if tensor_stops or stop_token_ids or stop_classifier is not None:
-            # Past its stop id a row holds padding, whatever the other rows went on to do.
+            # Past its end (a stop id, or the rule) a row holds padding, whatever the other
+            # rows went on to do.
             token_ids = ops.where(output_mask, token_ids, ops.cast(self.pad_token_id, token_ids.dtype))
         return {ids_key: token_ids, mask_key: output_mask}
 
