@@ -15,6 +15,7 @@ from keras_xf.models.presets import PRESETS
 from keras_xf.models.presets import preset_names
 from keras_xf.models.structured_pruning import prune_heads
 from keras_xf.models.structured_pruning import prune_structure
+from keras_xf.models.stop_classifier_trainer import StopClassifierTrainer
 from keras_xf.models.seq2seq_backbone import Seq2SeqBackbone
 from keras_xf.models.seq2seq_lm import Seq2SeqLM
 from keras_xf.models.text_classifier import TextClassifier

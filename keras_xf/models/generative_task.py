@@ -9,6 +9,7 @@ import numpy as np
 from keras import ops
 
 from keras_xf.generation.compile import CompiledFunctions
+from keras_xf.generation.compile import GenerationVariables
 from keras_xf.generation.compile import compile_generate_function
 from keras_xf.generation.compile import trace_decoding_step
 from keras_xf.generation.compile import traced_run_loop
@@ -16,8 +17,11 @@ from keras_xf.generation.compile import traces_whole_loop_body
 from keras_xf.generation.prompts import output_padding_mask
 from keras_xf.generation.prompts import pack_prompts
 from keras_xf.generation.sampling import SAMPLER_NAMES
+from keras_xf.generation.sampling import check_rule_sampler
 from keras_xf.generation.sampling import get_sampler
+from keras_xf.generation.sampling import sample_with_stop_rule
 from keras_xf.generation.sampling import stops_on_tensor
+from keras_xf.layers.heads.stop_classifier import StopClassifier
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.models.backbone import FunctionalModel
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
@@ -191,7 +195,7 @@ class GenerativeTask(FunctionalModel):
 
     # Generation -----------------------------------------------------------------------
     def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
-                 use_cache=True):
+                 use_cache=True, stop_classifier=None, stop_margin=0.0):
         """Generates continuations of prompts with a cache, in one compiled loop.
 
         Args:
@@ -209,6 +213,14 @@ class GenerativeTask(FunctionalModel):
                 stop ids and prefill length reuse one compiled function.
             use_cache: bool; `False` reruns the full forward pass at every step (the
                 reference for the cached path, which gives the same tokens).
+            stop_classifier: optional `StopClassifier` `f_stop` (survey §5.6): after each
+                step it reads the top-layer state `s_i` of the newest generated token, and
+                the row ends at `i` (padding after it, as after a stop id) once
+                `Pr(stop|s_i) ≥ Pr(nonstop|s_i) + stop_margin`. Works with stop ids (a row
+                ends at whichever comes first) and every sampler but beam and contrastive
+                search.
+            stop_margin: float `θ_stop` in [-1, 1], the margin of that rule (equivalently
+                `Pr(stop|s_i) ≥ (1 + θ_stop) / 2`); only with `stop_classifier`.
 
         Returns:
             The prompts' structure: a dict with ids and mask (prompts left-aligned, the mask
@@ -218,10 +230,12 @@ class GenerativeTask(FunctionalModel):
         Raises:
             ValueError, naming the argument: for prompts or extra inputs of the wrong rank,
                 shape or batch size, empty prompts, prompts longer than `max_length`, stop ids
-                outside the vocabulary or an unknown sampler.
+                outside the vocabulary, an unknown sampler, a `stop_classifier` that is not a
+                `StopClassifier` of the model's width or a `stop_margin` outside [-1, 1].
         """
         if not isinstance(use_cache, bool):
             raise ValueError(f"use_cache must be a bool. Received: use_cache={use_cache!r}")
+        stop_margin = self._check_stop_classifier(stop_classifier, stop_margin)
         prompts, extras, unpack = self._generate_inputs(inputs, max_length)
         batch_size = prompts.token_ids.shape[0]
         for name, value in extras.items():
@@ -232,7 +246,7 @@ class GenerativeTask(FunctionalModel):
                 )
         function = self.make_generate_function(
             sampler, self._check_stop_token_ids(stop_token_ids), use_cache,
-            prompts.prefill_length if use_cache else None,
+            prompts.prefill_length if use_cache else None, stop_classifier, stop_margin,
         )
         ids_key, mask_key = self.prompt_keys
         packed = {ids_key: prompts.token_ids, mask_key: prompts.padding_mask, **extras}
@@ -240,27 +254,33 @@ class GenerativeTask(FunctionalModel):
         return unpack(outputs[ids_key], outputs[mask_key])
 
     def make_generate_function(self, sampler=None, stop_token_ids=None, use_cache=True,
-                               prefill_length=None):
+                               prefill_length=None, stop_classifier=None, stop_margin=0.0):
         """The compiled `generate_step` for these settings, made once and kept (reset by
         `compile`): keyed by the sampler (its name, the object, or the compile default),
-        the stop ids, the cache flag and the prefill length."""
+        the stop ids, the cache flag, the prefill length, the stop classifier and margin."""
         sampler_key = self._default_sampler_key if sampler is None else sampler
         key = (sampler_key, stop_token_ids, use_cache, prefill_length)
+        if stop_classifier is not None:
+            key += (stop_classifier, stop_margin)
         if key not in self._generate_functions:
             resolved = self.sampler if sampler is None else get_sampler(sampler)
+            owner = self._loop_variables(stop_classifier)
+            if stop_classifier is not None:
+                check_rule_sampler(resolved)
             if use_cache:
-                resolved = traced_run_loop(self, resolved)
+                resolved = traced_run_loop(owner, resolved)
 
             # A partial rather than a closure: TensorFlow counts traces per function code,
             # so the closures of every model and setting would add up to a retracing warning.
             step = functools.partial(self.generate_step, stop_token_ids=stop_token_ids,
                                      sampler=resolved, use_cache=use_cache,
-                                     prefill_length=prefill_length)
-            self._generate_functions[key] = compile_generate_function(self, step, resolved)
+                                     prefill_length=prefill_length,
+                                     stop_classifier=stop_classifier, stop_margin=stop_margin)
+            self._generate_functions[key] = compile_generate_function(owner, step, resolved)
         return self._generate_functions[key]
 
     def generate_step(self, inputs, stop_token_ids=None, sampler=None, use_cache=True,
-                      prefill_length=None):
+                      prefill_length=None, stop_classifier=None, stop_margin=0.0):
         """A compilable generation of one packed batch.
 
         Args:
@@ -276,6 +296,9 @@ class GenerativeTask(FunctionalModel):
                 keras-hub does), except where a layer keeps a recurrent state (then 1). A
                 scalar int tensor (exported generation, where the prompts are inputs): the
                 pass covers the whole width and the loop starts there.
+            stop_classifier: optional built `StopClassifier`; with it a row also ends where
+                `stop_by_margin(Pr(stop|s_i), stop_margin)` holds at a generated position.
+            stop_margin: float, `θ_stop`.
 
         Returns:
             A dict with the ids and the output mask under `prompt_keys`.
@@ -320,8 +343,9 @@ class GenerativeTask(FunctionalModel):
             cache = context
             next_logits = self._uncached_step
         tensor_stops = stop_token_ids is not None and not isinstance(stop_token_ids, tuple)
-        loop_stops = None if tensor_stops else stop_token_ids
-        if tensor_stops:
+        # With a stop classifier the rule's loop condition checks the stop ids itself.
+        loop_stops = None if tensor_stops or stop_classifier is not None else stop_token_ids
+        if tensor_stops and stop_classifier is None:
             sampler = stops_on_tensor(sampler, stop_token_ids)
         if loop_stops:
             # The loop ends once every row holds a stop id past its prompt, so the positions
@@ -329,19 +353,23 @@ class GenerativeTask(FunctionalModel):
             filler = next((i for i in (self.pad_token_id, *range(len(stop_token_ids) + 1))
                            if i not in stop_token_ids), self.pad_token_id)
             token_ids = ops.where(padding_mask, token_ids, ops.cast(filler, token_ids.dtype))
-        token_ids = sampler(
-            next=next_logits,
-            prompt=token_ids,
-            cache=cache,
-            index=index,
-            mask=padding_mask,
-            stop_token_ids=loop_stops,
-            hidden_states=hidden,
-            model=self,
-        )
+        arguments = dict(next=next_logits, prompt=token_ids, cache=cache, index=index,
+                         mask=padding_mask, hidden_states=hidden)
+        if stop_classifier is None:
+            token_ids = sampler(stop_token_ids=loop_stops, model=self, **arguments)
+        else:
+            token_ids, lengths = sample_with_stop_rule(
+                sampler, stop_probability=lambda state: stop_classifier.stop_probability(
+                    state[:, None, :])[:, 0],
+                margin=stop_margin, stop_token_ids=stop_token_ids,
+                model=self._loop_variables(stop_classifier), **arguments)
         output_mask = output_padding_mask(token_ids, padding_mask, stop_token_ids)
-        if tensor_stops or stop_token_ids:
-            # Past its stop id a row holds padding, whatever the other rows went on to do.
+        if stop_classifier is not None:
+            output_mask = ops.logical_and(
+                output_mask, ops.arange(max_length)[None, :] < lengths[:, None])
+        if tensor_stops or stop_token_ids or stop_classifier is not None:
+            # Past its end (a stop id, or the rule) a row holds padding, whatever the other
+            # rows went on to do.
             token_ids = ops.where(output_mask, token_ids, ops.cast(self.pad_token_id, token_ids.dtype))
         return {ids_key: token_ids, mask_key: output_mask}
 
@@ -402,6 +430,49 @@ class GenerativeTask(FunctionalModel):
             pad_token_id=self.pad_token_id,
             keys=self.prompt_keys,
         )
+
+    def _loop_variables(self, stop_classifier):
+        """What the compiled loop takes its variables from: the model, and the stop
+        classifier's weights beside it when there is one."""
+        return self if stop_classifier is None else GenerationVariables(self, stop_classifier)
+
+    def _check_stop_classifier(self, stop_classifier, stop_margin):
+        """`stop_margin` as a float, after checking both arguments (and building the
+        classifier, `_build_stop_classifier`)."""
+        margin_ok = isinstance(stop_margin, (int, float, np.floating)) and not isinstance(
+            stop_margin, bool) and -1.0 <= stop_margin <= 1.0
+        if not margin_ok:
+            raise ValueError(
+                "stop_margin must be a number in [-1, 1] (a difference of two probabilities). "
+                f"Received: stop_margin={stop_margin!r}"
+            )
+        if stop_classifier is None:
+            if stop_margin != 0.0:
+                raise ValueError(
+                    "stop_margin needs a stop_classifier. Received: stop_classifier=None, "
+                    f"stop_margin={stop_margin!r}"
+                )
+            return float(stop_margin)
+        self._build_stop_classifier(stop_classifier)
+        return float(stop_margin)
+
+    def _build_stop_classifier(self, stop_classifier):
+        """Checks that `stop_classifier` is a `StopClassifier` for the model's top-layer
+        states, building it for their width when it is not built yet."""
+        if not isinstance(stop_classifier, StopClassifier):
+            raise ValueError(
+                "stop_classifier must be a keras_xf.layers.StopClassifier. Received: "
+                f"stop_classifier={type(stop_classifier).__name__}"
+            )
+        width = self._output_embeddings.embedding_dim
+        if not stop_classifier.built:
+            stop_classifier.build((None, None, width))
+        if stop_classifier.input_dim != width:
+            raise ValueError(
+                f"stop_classifier must read states of the model's width {width}. Received: "
+                f"stop_classifier built for width {stop_classifier.input_dim}"
+            )
+        return stop_classifier
 
     def _check_stop_token_ids(self, stop_token_ids):
         """A tuple of ints inside the vocabulary, or `None` for none."""

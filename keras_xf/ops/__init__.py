@@ -10,6 +10,8 @@ from keras_xf.ops.block_sparse_attention import block_sparse_attention
 from keras_xf.ops.cross_entropy import chunked_cross_entropy
 from keras_xf.ops.distillation import hidden_state_loss
 from keras_xf.ops.distillation import soft_target_loss
+from keras_xf.ops.exit_criteria import stop_by_margin
+from keras_xf.ops.exit_criteria import stop_labels
 from keras_xf.ops.masks import causal_mask
 from keras_xf.ops.masks import expand_attention_mask
 from keras_xf.ops.masks import key_padding_to_attention_mask

@@ -14,6 +14,8 @@ returns per-row values, so that the decision compiles (no Python branch on a ten
   reaches the patience `k` (PABEE's rule).
 - `stop_by_margin`: the stop / non-stop rule of early-exit generation,
   `Pr(stop|s_i) ≥ Pr(nonstop|s_i) + θ_stop`, i.e. `Pr(stop|s_i) ≥ (1 + θ_stop) / 2`.
+- `stop_labels`: the training labels of that rule's classifier `f_stop`, read off token
+  sequences: position `i` is "stop" where the sequence ends at `i`.
 """
 
 import numbers
@@ -109,3 +111,39 @@ def stop_by_margin(stop_probability, margin):
     (survey Eq. of the simple early stop), bool with the shape of `stop_probability`."""
     p = ops.cast(stop_probability, "float32")
     return p >= (1.0 - p) + margin
+
+
+def stop_labels(token_ids, padding_mask=None, end_token_id=None):
+    """The stop / non-stop labels of a stop classifier `Pr(c | s_i)` (survey §5.6) on
+    sequences `token_ids [B, T]`.
+
+    Position `i` is "stop" (1) where the sequence ends at `i`: the next position holds
+    `end_token_id` or is padding. The positions that belong to a sequence are its real tokens
+    (`padding_mask`) before its first `end_token_id`: only they carry a label, so the end
+    token, what follows it and padding are left out of the loss (a classifier stops a row
+    instead of generating an end token). A sequence that fills the width is cut, not ended:
+    its last position is "nonstop".
+
+    Args:
+        token_ids: int `[B, T]`.
+        padding_mask: optional bool or int `[B, T]`, true on real tokens (default: all).
+        end_token_id: optional int, the id that ends a sequence.
+
+    Returns:
+        `(labels, counted)`: float32 `[B, T]` labels in {0, 1}, and bool `[B, T]`, true at
+        the positions that belong to a sequence (the loss weights).
+    """
+    token_ids = ops.convert_to_tensor(token_ids)
+    real = (ops.ones_like(token_ids, dtype="bool") if padding_mask is None
+            else ops.cast(padding_mask, "bool"))
+    if end_token_id is None:
+        is_end = ops.zeros_like(real)
+    else:
+        is_end = ops.logical_and(real, ops.equal(token_ids, ops.cast(end_token_id, token_ids.dtype)))
+    ended = ops.cumsum(ops.cast(is_end, "int32"), axis=-1) > 0
+    counted = ops.logical_and(real, ops.logical_not(ended))
+    # Whether position i + 1 ends the sequence; the position past the last column does not.
+    ends = ops.logical_or(is_end, ops.logical_not(real))
+    next_ends = ops.concatenate([ends[:, 1:], ops.zeros_like(ends[:, :1])], axis=1)
+    labels = ops.logical_and(counted, next_ends)
+    return ops.cast(labels, "float32"), counted

@@ -67,3 +67,59 @@ def early_exits(logits, states, exit_layers, criterion, threshold):
                 out_logits[row], out_layers[row] = logits[row, e], exit_layers[e]
                 break
     return out_logits, out_layers
+
+
+def stop_labels(token_ids, padding_mask=None, end_token_id=None):
+    """Per position: 1 where the sequence ends there (the next position holds the end id or
+    is padding; a sequence filling the width is cut, not ended), and whether the position
+    belongs to the sequence (a real token before the first end id)."""
+    token_ids = np.asarray(token_ids)
+    batch, length = token_ids.shape
+    real = np.ones((batch, length), bool) if padding_mask is None else np.asarray(padding_mask, bool)
+    labels = np.zeros((batch, length))
+    counted = np.zeros((batch, length), bool)
+    for row in range(batch):
+        for i in range(length):
+            if not real[row, i]:
+                continue
+            if end_token_id is not None and token_ids[row, i] == end_token_id:
+                break
+            counted[row, i] = True
+            if i + 1 < length and (not real[row, i + 1] or token_ids[row, i + 1] == end_token_id):
+                labels[row, i] = 1.0
+    return labels, counted
+
+
+def margin_stop_lengths(stop_probability, prompt_lengths, margin, stop_positions=None):
+    """The output length of each row of a generation stopped by the margin rule, step by
+    step: the rule reads `Pr(stop|s_i)` (`[B, L]`) at every generated position `i`, from the
+    first (`prompt_lengths[b]`) on; the first where it holds is the row's last token. A stop
+    token at `stop_positions[b]` (or -1 for none) ends the row there first if it comes
+    earlier. Rows that never stop keep all `L` positions."""
+    p = np.asarray(stop_probability, np.float64)
+    batch, length = p.shape
+    lengths = np.full(batch, length)
+    for row in range(batch):
+        for i in range(prompt_lengths[row], length):
+            if stop_positions is not None and stop_positions[row] == i:
+                lengths[row] = i + 1
+                break
+            if stop_by_margin(p[row, i], margin):
+                lengths[row] = i + 1
+                break
+    return lengths
+
+
+def stop_logits(states, weights):
+    """The stop logit `z_i = w_o · relu(W_h s_i + b_h) + b_o` (or `w_o · s_i + b_o`) of each
+    state `[..., d]`; `weights` lists `(kernel, bias)` of the hidden layer (if any), then of
+    the output layer `[·, 1]`."""
+    x = np.asarray(states, np.float64)
+    for kernel, bias in weights[:-1]:
+        x = np.maximum(x @ np.asarray(kernel, np.float64) + bias, 0.0)
+    kernel, bias = weights[-1]
+    return (x @ np.asarray(kernel, np.float64) + bias)[..., 0]
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
