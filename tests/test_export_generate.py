@@ -102,7 +102,11 @@ def other_tasks():
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """Exports one tiny CausalLM with each sampler; returns the model, the cases with the
-    tokens `model.generate` gives, what the subprocess served, and the traced calls."""
+    tokens `model.generate` gives, what the subprocess served, and the traced calls.
+
+    The seed is set here: a module fixture is built before the per-test seeding, so its
+    weights would otherwise depend on which tests ran before it in the process."""
+    keras.utils.set_random_seed(0)
     model = randomize_embeddings(causal_lm(num_layers=1))
     folder = tmp_path_factory.mktemp("generate")
     calls = {"_prefill": 0, "_decode_token": 0, "_uncached_hidden": 0}

@@ -1,6 +1,7 @@
 """Token embedding with an optional √d scale and a tied reverse projection (survey §2.1, §5.4)."""
 
 import math
+import warnings
 
 import keras
 from keras import ops
@@ -30,9 +31,9 @@ class TokenEmbedding(keras.layers.Layer):
     quantised column by column the same way. `quantize("int4")` does the same with
     `s_v = 7 / max|E_v|` and values in `[-8, 7]` packed two per byte along `d`, one scale
     per token whatever the configuration's block size (a scale per block of `d` would not
-    factor out of the tied projection's sum over `d`). `float8` raises
-    `NotImplementedError`, which `Model.quantize` reports as a warning, as for Keras'
-    `Embedding` (Keras has no float8 embedding lookup).
+    factor out of the tied projection's sum over `d`). `float8` leaves the layer as it
+    is with a warning, as `Model.quantize` does for Keras' `Embedding` (Keras has no float8
+    embedding lookup).
 
     Args:
         vocabulary_size: int, number of tokens.
@@ -155,9 +156,9 @@ class TokenEmbedding(keras.layers.Layer):
         vocabulary entry (rows of `E`, columns of the untied `W_out`)."""
         if type_check and type(self) is not TokenEmbedding:
             raise self._not_implemented_error(self.quantize)
-        # Keras' protocol: NotImplementedError, which `Model.quantize` turns into a warning.
-        if mode not in _VALUE_RANGES:
-            raise self._quantization_mode_error(mode)
+        if mode not in _VALUE_RANGES:  # left as it is, with the warning `Model.quantize` gives
+            warnings.warn(str(self._quantization_mode_error(mode)))
+            return
 
         def quantized(table, axis):  # `axis`: the axis of `d`, reduced by the abs-max
             default = keras.quantizers.AbsMaxQuantizer(
@@ -231,7 +232,7 @@ class TokenEmbedding(keras.layers.Layer):
             getattr(self, name).assign(store[str(index)])
 
     def _quantization_mode_error(self, mode):
-        return NotImplementedError(
+        return ValueError(
             "TokenEmbedding supports quantization modes 'int8' and 'int4'. "
             f"Received: mode={mode}"
         )

@@ -1,5 +1,7 @@
 """Stacked per-expert projections of a mixture of experts, quantisable (survey §4.4, §5.9)."""
 
+import warnings
+
 import keras
 from keras import ops
 
@@ -206,12 +208,13 @@ class ExpertWeights(keras.layers.Layer):
 
     def quantize(self, mode=None, type_check=True, config=None):
         """Quantises the kernel in place: `q = round(W · s)`, one scale per expert and output
-        column (`int8`, or `int4` packed along `F`); other modes raise `NotImplementedError`,
-        which `Model.quantize` reports as a warning."""
+        column (`int8`, or `int4` packed along `F`); other modes leave the layer as it is with
+        a warning, as `Model.quantize` reports a layer that has no such mode."""
         if type_check and type(self) is not ExpertWeights:
             raise self._not_implemented_error(self.quantize)
-        if mode not in _VALUE_RANGES:
-            raise self._quantization_mode_error(mode)
+        if mode not in _VALUE_RANGES:  # left as it is, with the warning `Model.quantize` gives
+            warnings.warn(str(self._quantization_mode_error(mode)))
+            return
         kernel_shape = tuple(self.expert_kernel.shape)
         values, scale = keras.quantizers.abs_max_quantize(
             self.expert_kernel, axis=1, value_range=_VALUE_RANGES[mode], dtype="int8",
@@ -273,7 +276,7 @@ class ExpertWeights(keras.layers.Layer):
             getattr(self, name).assign(store[str(index)])
 
     def _quantization_mode_error(self, mode):
-        return NotImplementedError(
+        return ValueError(
             "ExpertWeights supports quantization modes 'int8' and 'int4' (per channel). "
             f"Received: mode={mode}"
         )
