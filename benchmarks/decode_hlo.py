@@ -76,8 +76,10 @@ def main():
     args = parser.parse_args()
     keras.utils.set_random_seed(c.SEED)
     model = models.xf_causal_lm()
-    np.asarray(model.generate(cases._generation_inputs(args.batch), stop_token_ids=None)["token_ids"])
-    texts = [open(path).read() for path in glob.glob(os.path.join(DUMP, "*after_optimizations.txt"))]
+    inputs = cases._generation_inputs(args.batch)
+    np.asarray(model.generate(inputs, stop_token_ids=None)["token_ids"])
+    paths = glob.glob(os.path.join(DUMP, "*after_optimizations.txt"))
+    texts = [open(path).read() for path in paths]
     text = max((t for t in texts if " while(" in t), key=len)
     print(f"keras_xf CausalLM greedy decoding, batch {args.batch}: the compiled loop body, "
           "instructions per decoded token")
