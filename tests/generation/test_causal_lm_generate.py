@@ -9,6 +9,8 @@ another). Every task × sampler, cached and not, with stop ids and in every inpu
 test_generative_task.py.
 """
 
+import re
+
 import keras
 import keras_hub
 import numpy as np
@@ -270,3 +272,38 @@ def test_the_compiled_loop_reads_the_current_weights():
     uncached = np.array(model.generate(PROMPTS, max_length=MAX_LENGTH, use_cache=False))
     np.testing.assert_array_equal(cached, uncached)
     assert not np.array_equal(cached, first)
+
+
+def _compiled_loop_body(model, inputs, prefill_length):
+    """The optimised HLO of the body of the decoding loop, compiled as `generate` compiles it
+    on JAX (`jax.jit` of `generate_step` over the variables' values)."""
+    import jax
+
+    variables = model.variables
+    sampler = keras_hub.samplers.GreedySampler()
+
+    def stateless(values, tensors):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return model.generate_step(tensors, sampler=sampler, prefill_length=prefill_length)
+
+    text = jax.jit(stateless).lower([v.value for v in variables], inputs).compile().as_text()
+    body = re.search(r" while\(.*?body=%([\w.\-]+)", text).group(1)
+    start = text.index(f"\n%{body} ")
+    return text[start:text.index("\n}", start)]
+
+
+@pytest.mark.skipif(keras.config.backend() != "jax",
+                    reason="reads the HLO that XLA compiles from jax.jit")
+def test_the_decoding_loop_writes_the_cache_in_place(lm):
+    # The head-major cache (docs/design.md, "KV cache layout") is written in place and read
+    # as it is: the compiled loop holds no copy of a cache buffer. At batch 1 XLA:CPU copies
+    # the key buffers (the products read the cache through a reshape that drops the size-1
+    # batch; see there), so the property is checked at the batch of PROMPTS.
+    inputs = right_padded(PROMPTS)
+    keys, values = lm.init_cache(len(PROMPTS), MAX_LENGTH)[0]
+    assert tuple(keys.shape) == tuple(values.shape) == (len(PROMPTS), 2, MAX_LENGTH, 4)
+    body = _compiled_loop_body(lm, inputs, prefill_length=2)
+    cache = re.escape(f"f32[{len(PROMPTS)},2,{MAX_LENGTH},4]")
+    assert re.search(rf"= {cache}\S* fusion\(", body), "no cache write found in the loop body"
+    copies = re.findall(rf"= {cache}\S* copy\(", body)
+    assert not copies, f"{len(copies)} copies of a cache buffer in the decoding loop"
