@@ -39,17 +39,22 @@ THRESHOLDS = {
 }
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_data_arguments(parser, per_genre=2500):
+    """The options of the genre task that `datasets` reads (shared with other examples)."""
     parser.add_argument("--passage-length", type=int, default=400, help="characters")
     parser.add_argument("--vocabulary-size", type=int, default=4000,
                         help="words (the most frequent of the training passages)")
-    parser.add_argument("--per-genre", type=int, default=2500,
+    parser.add_argument("--per-genre", type=int, default=per_genre,
                         help="training passages per genre (balanced classes)")
     parser.add_argument("--validation-plays", nargs=3,
                         default=["twelfth-night", "henry-v", "macbeth"])
     parser.add_argument("--validation-passages", type=int, default=None,
                         help="a random subset of the held-out passages (default: all)")
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_data_arguments(parser)
     parser.add_argument("--num-layers", type=int, default=6)
     parser.add_argument("--hidden-dim", type=int, default=64)
     parser.add_argument("--num-heads", type=int, default=4)
@@ -86,6 +91,8 @@ def encode(texts, vocabulary):
 
 
 def datasets(args, rng):
+    """`((x, y), (valid_x, valid_y))`: balanced training passages from every play but the
+    held-out ones, and the held-out plays' passages, encoded with the training vocabulary."""
     held_out = list(args.validation_plays)
     texts, labels, _ = genre_passages(args.passage_length, exclude=held_out)
     labels = np.array(labels)
