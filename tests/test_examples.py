@@ -83,6 +83,15 @@ TINY_RUNS = {
          "--intermediate-dim", "32", "--timing-examples", "2", "--output", "{tmp}/e.png"],
         ["fixed depth", "entropy", "patience 1", "batch-1 time per passage", "wrote"],
     ),
+    "layer_skipping_genre.py": (
+        ["--per-genre", "16", "--validation-passages", "24", "--passage-length", "64",
+         "--vocabulary-size", "64", "--compute-loss-weights", "0", "0.1",
+         "--thresholds", "0.5", "--epochs", "1", "--num-layers", "2", "--hidden-dim", "16",
+         "--num-heads", "2", "--intermediate-dim", "32", "--timing-examples", "2",
+         "--output", "{tmp}/s.png", "--results", "{tmp}/s.json"],
+        ["every layer run", "λ 0.1 τ 0.5", "average layers", "batch-1 time per passage",
+         "wrote"],
+    ),
     "deep_post_norm.py": (
         ["--depths", "2", "--steps", "2", "--log-every", "1", "--max-characters", "5000",
          "--sequence-length", "8", "--batch-size", "4", "--hidden-dim", "8",
