@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from keras_xf import ops as xops
+from keras_xf.ops.masks import zero_padded
 from tests.layer_checks import to_numpy
 from tests.reference import attention as ref
 from tests.reference import sequence_compression as compression_ref
@@ -51,3 +52,12 @@ def test_downsample_padding_mask_matches_reference():
         _, expected = compression_ref.downsample(np.ones((4, 7, 1)), kernel, None, stride, mask)
         actual = xops.masks.downsample_padding_mask(mask, kernel_size, stride)
         np.testing.assert_array_equal(to_numpy(actual), expected)
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (2, 3, 4), (2, 3, 2, 4)])
+def test_zero_padded_zeroes_the_padded_positions(shape):
+    values = np.arange(1, np.prod(shape) + 1, dtype="float32").reshape(shape)
+    mask = np.array([[True, False, True], [False, False, False]])
+    got = to_numpy(zero_padded(values, mask))
+    expected = values * mask.reshape(mask.shape + (1,) * (len(shape) - 2))
+    np.testing.assert_array_equal(got, expected)
