@@ -33,13 +33,13 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 from benchmarks import cases  # noqa: E402
 from benchmarks import config as c  # noqa: E402
 from benchmarks import models  # noqa: E402
-from benchmarks.report import median_profile  # noqa: E402
-from benchmarks.report import median_wall  # noqa: E402
+from benchmarks import profiling  # noqa: E402
+from benchmarks.profiling import trace_events  # noqa: E402
+from benchmarks.report import interleaved  # noqa: E402
 from benchmarks.report import op_table  # noqa: E402
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\w+\[[\d,]*\])\S* ([\w\-]+)\(")
@@ -84,63 +84,42 @@ def _profile(function, labels):
         function()
         wall = 1e3 * (time.perf_counter() - start)
     totals, counts = collections.Counter(), collections.Counter()
-    for path in glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True):
-        space = xplane_pb2.XSpace()
-        with open(path, "rb") as handle:
-            space.ParseFromString(handle.read())
-        for plane in space.planes:
-            stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
-            for line in plane.lines:
-                if line.name == "python":
-                    continue
-                for event in line.events:
-                    meta = plane.event_metadata[event.metadata_id]
-                    if meta.name.startswith("ThunkExecutor") or " " in meta.name:
-                        continue
-                    module = None
-                    for stat in event.stats:
-                        if stat_names.get(stat.metadata_id) == "hlo_module":
-                            module = stat.str_value or stat_names.get(stat.ref_value)
-                    if module is None:
-                        continue
-                    label = labels.get((module.split("(")[0], meta.name),
-                                       re.sub(r"\.\d+$", "", meta.name))
-                    totals[label] += event.duration_ps / 1e9
-                    counts[label] += 1
+    for name, event, stat_names in trace_events(directory):
+        if name.startswith("ThunkExecutor") or " " in name:
+            continue
+        module = None
+        for stat in event.stats:
+            if stat_names.get(stat.metadata_id) == "hlo_module":
+                module = stat.str_value or stat_names.get(stat.ref_value)
+        if module is None:
+            continue
+        label = labels.get((module.split("(")[0], name), re.sub(r"\.\d+$", "", name))
+        totals[label] += event.duration_ps / 1e9
+        counts[label] += 1
     return {label: (ms, counts[label]) for label, ms in totals.items()}, wall
 
 
 def _interleaved(calls, steps, warmup, per_call=1):
-    """name → median profile of `steps` calls (divided by `per_call`), the calls of the
-    models alternating; each model's warm-up records the HLO it compiles. Also name → the
-    calls' wall-clock milliseconds (divided by `per_call`)."""
+    """`report.interleaved` of `calls`, each call's times divided by `per_call`; each model's
+    warm-up records the HLO it compiles, which names its op events."""
     labels = {}
     for name, call in calls.items():
         before = _compiled_files()
         for _ in range(warmup):
             call()
         labels[name] = _hlo_labels(_compiled_files() - before)
-    rounds = {name: [] for name in calls}
-    walls = {name: [] for name in calls}
-    for _ in range(steps):
-        for name, call in calls.items():
-            profile, wall = _profile(call, labels[name])
-            walls[name].append(wall / per_call)
-            rounds[name].append({k: (ms / per_call, n / per_call)
-                                 for k, (ms, n) in profile.items()})
-    return {name: median_profile(profiles) for name, profiles in rounds.items()}, walls
+
+    def profile(name, call):
+        ops, wall = _profile(call, labels[name])
+        return {k: (ms / per_call, n / per_call) for k, (ms, n) in ops.items()}, wall / per_call
+
+    return interleaved(calls, steps, profile)
 
 
 def training(steps):
-    x, y = cases._training_data(1)
-    keras.utils.set_random_seed(c.SEED)
-    contenders = {"keras_xf": models.compile_for_training(models.xf_causal_lm()),
-                  "keras_xf chunked": models.compile_for_training(models.xf_causal_lm(), True),
-                  "keras-hub": models.compile_for_training(models.hub_causal_lm())}
-    profiles, walls = _interleaved({name: (lambda m=model: m.train_on_batch(x, y))
-                             for name, model in contenders.items()}, steps, warmup=3)
+    profiles, walls = _interleaved(profiling.training_calls(), steps, warmup=3)
     print(op_table(f"training step ({c.BATCH} x {c.SEQUENCE} tokens), XLA op time per step",
-                   profiles, top=22, wall=median_wall(walls)))
+                   profiles, top=22, wall=walls))
 
 
 def generation(steps):
@@ -152,7 +131,7 @@ def generation(steps):
         for name, model in contenders.items()}
     profiles, walls = _interleaved(calls, steps, warmup=2, per_call=c.NEW_TOKENS)
     print(op_table(f"greedy decoding, batch 1, XLA op time per token ({c.PROMPT}-token prompt, "
-                f"{c.NEW_TOKENS} new tokens a call)", profiles, top=22, wall=median_wall(walls)))
+                f"{c.NEW_TOKENS} new tokens a call)", profiles, top=22, wall=walls))
 
 
 PHASES = {"train": training, "generate": generation}

@@ -14,7 +14,6 @@ alternating.
 """
 
 import collections
-import glob
 import os
 import sys
 import tempfile
@@ -25,13 +24,13 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 from benchmarks import cases  # noqa: E402
 from benchmarks import config as c  # noqa: E402
 from benchmarks import models  # noqa: E402
-from benchmarks.report import median_profile  # noqa: E402
-from benchmarks.report import median_wall  # noqa: E402
+from benchmarks import profiling  # noqa: E402
+from benchmarks.profiling import trace_events  # noqa: E402
+from benchmarks.report import interleaved  # noqa: E402
 from benchmarks.report import op_table  # noqa: E402
 
 TOP = 12
@@ -48,22 +47,17 @@ def _profile(function, repeats):
     wall = 1e3 * (time.perf_counter() - start)
     tf.profiler.experimental.stop()
     totals = collections.Counter()
-    for path in glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True):
-        space = xplane_pb2.XSpace()
-        with open(path, "rb") as handle:
-            space.ParseFromString(handle.read())
-        for plane in space.planes:
-            names = {key: meta.name for key, meta in plane.event_metadata.items()}
-            for line in plane.lines:
-                if line.name == "python":
-                    continue
-                for event in line.events:
-                    name = names.get(event.metadata_id, "?")
-                    # Skip wrappers that enclose other events: executors, functions, XLA loops.
-                    if "::" not in name and not name.startswith(("__inference", "while")):
-                        # "scope/op_name:OpType" (TensorFlow ops) or "fusion_kind.N" (XLA)
-                        totals[name] += event.duration_ps
+    for name, event, _ in trace_events(directory):
+        # Skip wrappers that enclose other events: executors, functions, XLA loops.
+        if "::" not in name and not name.startswith(("__inference", "while")):
+            # "scope/op_name:OpType" (TensorFlow ops) or "fusion_kind.N" (XLA)
+            totals[name] += event.duration_ps
     return {key: ps / 1e9 for key, ps in totals.items()}, wall
+
+
+def _op_type(name):
+    """"scope/op_name:OpType" → "OpType"; "fusion_kind.N" → "fusion_kind"."""
+    return name.rsplit(":", 1)[1] if ":" in name else name.rsplit(".", 1)[0]
 
 
 def _report(title, totals, divisor):
@@ -72,8 +66,7 @@ def _report(title, totals, divisor):
     print(f"\n{title}: {total:.2f} ms of ops per unit (both compute threads summed)")
     by_type = collections.Counter()
     for name, ms in totals.items():
-        op_type = name.rsplit(":", 1)[1] if ":" in name else name.rsplit(".", 1)[0]
-        by_type[op_type] += ms / divisor
+        by_type[_op_type(name)] += ms / divisor
     for op_type, ms in by_type.most_common(TOP):
         print(f"  {ms:8.2f} ms  {100 * ms / total:5.1f} %  {op_type}")
     print("  top single ops:")
@@ -81,61 +74,32 @@ def _report(title, totals, divisor):
         print(f"  {ms / divisor:8.2f} ms  {name[-110:]}")
 
 
-def _by_type(totals):
-    """{op type: (ms, ops)} of one profile, as `report.op_table` takes."""
+def _profile_by_type(name, call):
+    """{op type: (ms, ops)} of one call of the model `name`, as `report.op_table` takes, and
+    the call's wall-clock ms."""
+    totals, wall = _profile(call, 1)
     by_type = collections.defaultdict(lambda: [0.0, 0])
-    for name, ms in totals.items():
-        op_type = name.rsplit(":", 1)[1] if ":" in name else name.rsplit(".", 1)[0]
-        by_type[op_type][0] += ms
-        by_type[op_type][1] += 1
-    return {k: tuple(v) for k, v in by_type.items()}
+    for op, ms in totals.items():
+        entry = by_type[_op_type(op)]
+        entry[0] += ms
+        entry[1] += 1
+    return {k: tuple(v) for k, v in by_type.items()}, wall
 
 
 def encoding(rounds=3):
-    keras.utils.set_random_seed(c.SEED)
-    contenders = {"keras_xf": (models.xf_text_encoder(), cases._encoder_inputs(False)),
-                  "keras-hub": (models.hub_text_encoder(), cases._encoder_inputs(True))}
-    calls = {}
-    for name, (model, x) in contenders.items():
-        batch = {k: v[: c.ENCODER_BATCH] for k, v in x.items()}
-        calls[name] = lambda m=model, b=batch: m.predict_on_batch(b)
-        for _ in range(2):
-            calls[name]()
-    profiles = {name: [] for name in calls}
-    walls = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            totals, wall = _profile(call, 1)
-            profiles[name].append(_by_type(totals))
-            walls[name].append(wall)
+    profiles, walls = interleaved(profiling.encoder_calls(), rounds, _profile_by_type,
+                                  warmup=2)
     print(op_table(f"\nencoder batch ({c.ENCODER_BATCH} x {c.ENCODER_SEQUENCE}), op time per "
-                   "batch (both compute threads summed)",
-                   {name: median_profile(p) for name, p in profiles.items()},
-                   wall=median_wall(walls)))
+                   "batch (both compute threads summed)", profiles, wall=walls))
 
 
 def training_pair(rounds=3):
     """One training step (`train_on_batch`, 8 x 256 tokens) of the benchmark `CausalLM` and of
     keras-hub's `GPT2CausalLM` side by side, alternating, the median over `rounds` steps."""
-    keras.utils.set_random_seed(c.SEED)
-    x, y = cases._training_data(1)
-    calls = {}
-    for name, model in (("keras_xf", models.xf_causal_lm()),
-                        ("keras-hub", models.hub_causal_lm())):
-        models.compile_for_training(model)
-        calls[name] = lambda m=model: m.train_on_batch(x, y)
-        for _ in range(3):
-            calls[name]()
-    profiles = {name: [] for name in calls}
-    walls = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            totals, wall = _profile(call, 1)
-            profiles[name].append(_by_type(totals))
-            walls[name].append(wall)
+    profiles, walls = interleaved(profiling.training_calls(chunked=False), rounds,
+                                  _profile_by_type, warmup=3)
     print(op_table("\ntraining step (8 x 256 tokens), op time per step (both compute threads "
-                   "summed)", {name: median_profile(p) for name, p in profiles.items()},
-                   wall=median_wall(walls)))
+                   "summed)", profiles, wall=walls))
 
 
 def training_and_decoding():

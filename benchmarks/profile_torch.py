@@ -26,14 +26,14 @@ import torch  # noqa: E402
 from benchmarks import cases  # noqa: E402
 from benchmarks import config as c  # noqa: E402
 from benchmarks import models  # noqa: E402
-from benchmarks.report import median_profile  # noqa: E402
-from benchmarks.report import median_wall  # noqa: E402
+from benchmarks import profiling  # noqa: E402
+from benchmarks.report import interleaved  # noqa: E402
 from benchmarks.report import op_table  # noqa: E402
 
 TOP = 16
 
 
-def _profile(function):
+def _profile(name, function):
     """aten op name → (self CPU ms, calls) of one call of `function`, and the call's
     wall-clock ms (under the profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
@@ -44,45 +44,16 @@ def _profile(function):
             for event in profiler.key_averages()}, wall
 
 
-def _interleaved(calls, steps, warmup):
-    """name → median profile of `steps` calls, the calls of the models alternating, and
-    name → the calls' wall-clock milliseconds."""
-    for call in calls.values():
-        for _ in range(warmup):
-            call()
-    rounds = {name: [] for name in calls}
-    walls = {name: [] for name in calls}
-    for _ in range(steps):
-        for name, call in calls.items():
-            profile, wall = _profile(call)
-            rounds[name].append(profile)
-            walls[name].append(wall)
-    return {name: median_profile(profiles) for name, profiles in rounds.items()}, walls
-
-
 def training(steps):
-    x, y = cases._training_data(1)
-    keras.utils.set_random_seed(c.SEED)
-    contenders = {"keras_xf": models.compile_for_training(models.xf_causal_lm()),
-                  "keras_xf chunked": models.compile_for_training(models.xf_causal_lm(), True),
-                  "keras-hub": models.compile_for_training(models.hub_causal_lm())}
-    profiles, walls = _interleaved({name: (lambda m=model: m.train_on_batch(x, y))
-                             for name, model in contenders.items()}, steps, warmup=3)
+    profiles, walls = interleaved(profiling.training_calls(), steps, _profile, warmup=3)
     print(op_table(f"training step ({c.BATCH} x {c.SEQUENCE} tokens), self CPU time per step",
-                   profiles, wall=median_wall(walls)))
+                   profiles, wall=walls))
 
 
 def encoding(steps):
-    keras.utils.set_random_seed(c.SEED)
-    contenders = {"keras_xf": (models.xf_text_encoder(), cases._encoder_inputs(False)),
-                  "keras-hub": (models.hub_text_encoder(), cases._encoder_inputs(True))}
-    calls = {}
-    for name, (model, x) in contenders.items():
-        batch = {k: v[: c.ENCODER_BATCH] for k, v in x.items()}
-        calls[name] = lambda m=model, b=batch: m.predict_on_batch(b)
-    profiles, walls = _interleaved(calls, steps, warmup=2)
+    profiles, walls = interleaved(profiling.encoder_calls(), steps, _profile, warmup=2)
     print(op_table(f"encoder batch ({c.ENCODER_BATCH} x {c.ENCODER_SEQUENCE}), self CPU time "
-                   "per batch", profiles, wall=median_wall(walls)))
+                   "per batch", profiles, wall=walls))
 
 
 def generation(steps):
@@ -94,9 +65,9 @@ def generation(steps):
         inputs = cases._generation_inputs(batch)
         calls = {name: (lambda m=model: m.generate(dict(inputs), stop_token_ids=None))
                  for name, model in contenders.items()}
-        profiles, walls = _interleaved(calls, steps, warmup=2)
+        profiles, walls = interleaved(calls, steps, _profile, warmup=2)
         print(op_table(f"greedy generation, batch {batch} ({c.NEW_TOKENS} new tokens), self "
-                       "CPU time per call", profiles, wall=median_wall(walls)))
+                       "CPU time per call", profiles, wall=walls))
 
 
 PHASES = {"train": training, "encode": encoding, "generate": generation}

@@ -227,3 +227,22 @@ def median_profile(profiles):
     return {op: (statistics.median(p.get(op, (0.0, 0))[0] for p in profiles),
                  statistics.median(p.get(op, (0.0, 0))[1] for p in profiles))
             for op in ops_seen}
+
+
+def interleaved(calls, rounds, profile, warmup=0):
+    """Profiles of the models of `calls` (name → a function making one call) side by side:
+    each called `warmup` times, then `rounds` rounds of one call of each, the models
+    alternating call by call. `profile(name, call)` profiles one call and gives
+    `({op: (ms, count)}, wall-clock ms)`. Returns name → the median profile
+    (`median_profile`) and name → the median wall-clock ms, as `op_table` takes them."""
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    profiles = {name: [] for name in calls}
+    walls = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            one, wall = profile(name, call)
+            profiles[name].append(one)
+            walls[name].append(wall)
+    return {name: median_profile(p) for name, p in profiles.items()}, median_wall(walls)

@@ -134,3 +134,21 @@ def test_median_profile_and_op_table():
     assert walled.splitlines()[-1].split() == ["wall", "time", "per", "call", "25.00", "ms",
                                                "30.50", "ms"]
     assert report.median_wall({"a": [3.0, 1.0, 2.0]}) == {"a": 2.0}
+
+
+def test_interleaved_alternates_the_models_after_their_warm_up():
+    """`report.interleaved` (the profilers' loop): every model warmed up first, then the models
+    called in turn each round; the median profile and wall time per model."""
+    order = []
+    calls = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    times = {"a": iter([1.0, 5.0, 3.0]), "b": iter([2.0, 2.0, 8.0])}
+
+    def profile(name, call):
+        call()
+        ms = next(times[name])
+        return {"mm": (ms, 1)}, 10 * ms
+
+    profiles, walls = report.interleaved(calls, 3, profile, warmup=2)
+    assert order == ["a", "a", "b", "b"] + ["a", "b"] * 3
+    assert profiles == {"a": {"mm": (3.0, 1)}, "b": {"mm": (2.0, 1)}}
+    assert walls == {"a": 30.0, "b": 20.0}

@@ -18,6 +18,7 @@ from keras_xf.layers.heads.pooling import MODES
 from keras_xf.layers.residual.residual import NORMALIZATIONS
 from keras_xf.models.block_factory import default_block
 from keras_xf.models.block_factory import serialize_block
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
@@ -68,8 +69,8 @@ def check_model_arguments(arguments):
         if name in arguments:
             check_rate(name, arguments[name])
     for name in FLAGS:
-        if name in arguments and not isinstance(arguments[name], bool):
-            raise ValueError(f"{name} must be a bool. Received: {name}={arguments[name]!r}")
+        if name in arguments:
+            check_bool(name, arguments[name])
     for name, choices in CHOICES.items():
         if name in arguments and arguments[name] not in choices:
             raise ValueError(

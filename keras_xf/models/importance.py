@@ -28,24 +28,24 @@ def pruning_stack(model):
     return stack
 
 
-def _attention(block, index):
-    mixer = block.mixer
-    if type(mixer) is not MultiHeadAttention:
+def _sublayer(block, index, attribute, kind, purpose, note=""):
+    """`block.<attribute>` (of layer `index`), which `purpose` needs to be exactly a `kind`."""
+    layer = getattr(block, attribute)
+    if type(layer) is not kind:
         raise ValueError(
-            "head scores and head pruning need MultiHeadAttention mixers. Received: layer "
-            f"{index} with mixer={type(mixer).__name__}"
+            f"{purpose} need {kind.__name__} {attribute}s{note}. Received: layer {index} with "
+            f"{attribute}={type(layer).__name__}"
         )
-    return mixer
+    return layer
+
+
+def _attention(block, index):
+    return _sublayer(block, index, "mixer", MultiHeadAttention, "head scores and head pruning")
 
 
 def _feedforward(block, index):
-    feedforward = block.feedforward
-    if type(feedforward) is not FeedForward:
-        raise ValueError(
-            "unit scores and unit pruning need FeedForward feedforwards (not mixtures of "
-            f"experts). Received: layer {index} with feedforward={type(feedforward).__name__}"
-        )
-    return feedforward
+    return _sublayer(block, index, "feedforward", FeedForward, "unit scores and unit pruning",
+                     " (not mixtures of experts)")
 
 
 def _loss_function(model, loss):

@@ -103,6 +103,23 @@ def check_positive_int(name, value, minimum=1):
     return int(value)
 
 
+def check_bool(name, value):
+    """A Python bool (not an int or a string standing for one)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool. Received: {name}={value!r}")
+    return value
+
+
+def known_width(shape, name="inputs"):
+    """The last dimension of `shape` (a shape given to `build`), which must be known: the
+    layer's weights are sized by it."""
+    width = shape[-1]
+    if not isinstance(width, int):
+        raise ValueError(f"{name} must have a known last dimension. Received: "
+                         f"{name}.shape={tuple(shape)}")
+    return width
+
+
 def check_seed(seed, name="seed"):
     """`None` (a fresh draw) or an int `>= 0` (a NumPy int too, returned as an `int`)."""
     if seed is None:

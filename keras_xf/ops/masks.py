@@ -82,6 +82,15 @@ def merge_masks(*masks):
     return merged
 
 
+def zero_padded(values, padding_mask):
+    """`values` `[B, n, ...]` with zeros at the positions that `padding_mask` `[B, n]` marks
+    as padding (false)."""
+    valid = ops.cast(padding_mask, "bool")
+    for _ in range(len(values.shape) - 2):
+        valid = valid[..., None]
+    return ops.where(valid, values, ops.zeros_like(values))
+
+
 def compressed_length(length, stride):
     """`⌈n / s⌉`, the length of a sequence of `n` positions downsampled with stride `s` (an
     int for a static `n`, a scalar tensor otherwise)."""

@@ -1,6 +1,7 @@
 """Wrong call inputs shared by the `test_bad_*` tests of the layers: each must raise a
 `ValueError` naming the argument, the same on every backend."""
 
+import keras
 import numpy as np
 import pytest
 
@@ -24,3 +25,23 @@ def raises_naming(name, call):
         call()
     assert f"{name}" in str(error.value), str(error.value)
     return str(error.value)
+
+
+def check_bad_sequence_inputs(make_layer, shape, static_length=False):
+    """A layer made by `make_layer()` and built for sequences `shape` `[batch, length, dim]`
+    refuses another width and inputs of rank 2 (and, with `static_length`, a symbolic input
+    of unknown length), naming `inputs`."""
+    batch, length, width = shape
+    layer = make_layer()
+    layer(np.zeros(shape, "float32"))
+    raises_naming("inputs", lambda: layer(np.zeros((batch, length, width + 1), "float32")))
+    raises_naming("inputs", lambda: make_layer()(np.zeros((batch, length), "float32")))
+    if static_length:
+        raises_naming("inputs", lambda: make_layer()(keras.Input((None, width))))
+
+
+def check_bad_padding_mask(layer, mask, shape):
+    """`layer` called on zeros `shape` with a `padding_mask` that does not match them (one of
+    `bad_padding_masks`) raises a `ValueError` naming `padding_mask`."""
+    inputs = np.zeros(shape, "float32")
+    raises_naming("padding_mask", lambda: layer(inputs, padding_mask=mask))

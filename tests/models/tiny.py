@@ -128,6 +128,15 @@ def cached_logits(model, batch, prefill=5):
     return np.concatenate(steps, axis=1)
 
 
+def check_cached_generation(model, prompts=None, max_length=10):
+    """The compiled generation loop of `model` (traced on PyTorch) gives the tokens of the
+    uncached one, which reruns the full causal pass."""
+    prompts = [[3, 4, 5], [6, 7], [9, 10, 11, 12]] if prompts is None else prompts
+    cached = np.array(model.generate(prompts, max_length=max_length))
+    uncached = np.array(model.generate(prompts, max_length=max_length, use_cache=False))
+    np.testing.assert_array_equal(cached, uncached)
+
+
 def check_decoding_equals_full_pass(model, batch, prompt_length=4, max_length=8):
     """Cached decoding of `batch`'s prompt ids gives the logits of the full pass, and greedy
     `generate` from its first `prompt_length` tokens picks the argmax of the full pass at

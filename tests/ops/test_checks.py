@@ -4,9 +4,11 @@ import keras
 import numpy as np
 import pytest
 
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_seed
 from keras_xf.ops.checks import get_initializer
+from keras_xf.ops.checks import known_width
 
 
 @pytest.mark.parametrize("value", [None, "no_such_initializer", 3, [1]])
@@ -39,3 +41,21 @@ def test_check_seed_names_the_argument(seed):
 def test_check_positive_number_refuses(value):
     with pytest.raises(ValueError, match="scale must be a positive number"):
         check_positive_number("scale", value)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_check_bool_takes_bools(value):
+    assert check_bool("use_bias", value) is value
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None, np.bool_(True)])
+def test_check_bool_names_the_argument(value):
+    with pytest.raises(ValueError, match=r"use_bias must be a bool\. Received: use_bias="):
+        check_bool("use_bias", value)
+
+
+def test_known_width_is_the_last_dimension():
+    assert known_width((2, None, 8)) == 8
+    with pytest.raises(ValueError, match=r"inputs must have a known last dimension\. "
+                                         r"Received: inputs\.shape=\(2, 5, None\)"):
+        known_width((2, 5, None))

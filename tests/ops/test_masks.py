@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from keras_xf import ops as xops
+from keras_xf.ops.masks import zero_padded
 from tests.layer_checks import to_numpy
 from tests.reference import attention as ref
 from tests.reference import sequence_compression as compression_ref
@@ -64,3 +65,12 @@ def test_masked_mean_averages_the_real_tokens():
     np.testing.assert_array_equal(pooled[2], np.zeros(4))  # a fully padded row
     np.testing.assert_allclose(to_numpy(xops.masked_mean(values)), values.mean(1), rtol=1e-5,
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (2, 3, 4), (2, 3, 2, 4)])
+def test_zero_padded_zeroes_the_padded_positions(shape):
+    values = np.arange(1, np.prod(shape) + 1, dtype="float32").reshape(shape)
+    mask = np.array([[True, False, True], [False, False, False]])
+    got = to_numpy(zero_padded(values, mask))
+    expected = values * mask.reshape(mask.shape + (1,) * (len(shape) - 2))
+    np.testing.assert_array_equal(got, expected)

@@ -11,6 +11,7 @@ from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import with_dtype_policy
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
+from keras_xf.ops.checks import check_bool
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -71,8 +72,7 @@ class BranchMix(SequenceMixer):
             raise ValueError(
                 f"alpha must be a float in [0, 1] or 'learned'. Received: alpha={alpha!r}"
             )
-        if not isinstance(learn_alpha, bool):
-            raise ValueError(f"learn_alpha must be a bool. Received: learn_alpha={learn_alpha!r}")
+        check_bool("learn_alpha", learn_alpha)
         policy = self.dtype_policy if kwargs.get("dtype") is not None else None
         self.attention = with_dtype_policy(attention, policy)
         self.syntax_attention = with_dtype_policy(syntax_attention, policy)

@@ -8,6 +8,7 @@ from keras import ops
 from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
 from keras_xf.ops.attention import masked_softmax
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import get_initializer
 
 FORMS = ("additive", "mixture", "multiplicative")
@@ -112,10 +113,7 @@ class LocalityPrior(ScoreBias, ScoreMultiplier):
             )
         if not _is_real(gamma) or gamma <= 0:
             raise ValueError(f"gamma must be a positive float. Received: gamma={gamma!r}")
-        if not isinstance(trainable_gamma, bool):
-            raise ValueError(
-                f"trainable_gamma must be a bool. Received: trainable_gamma={trainable_gamma!r}"
-            )
+        check_bool("trainable_gamma", trainable_gamma)
         if distance == "gaussian":
             if not _is_real(sigma) or sigma <= 0:
                 raise ValueError(

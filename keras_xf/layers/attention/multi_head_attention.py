@@ -25,6 +25,7 @@ from keras_xf.ops.attention import masked_softmax
 from keras_xf.ops.attention import scaled_dot_product_attention
 from keras_xf.ops.block_sparse_attention import block_sparse_attention
 from keras_xf.ops.cache import update_cache
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rate
@@ -171,8 +172,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             output_bias = use_bias
         for name, value in (("use_bias", use_bias), ("output_bias", output_bias),
                             ("causal", causal)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be a bool. Received: {name}={value!r}")
+            check_bool(name, value)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_key_value_heads = num_key_value_heads

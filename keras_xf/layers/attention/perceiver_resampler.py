@@ -8,6 +8,7 @@ from keras_xf.layers.feedforward.feed_forward import ACTIVATIONS
 from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.layers.residual.residual import NORMALIZATIONS
 from keras_xf.layers.residual.residual import make_normalization
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
@@ -85,10 +86,7 @@ class PerceiverResampler(keras.layers.Layer):
         self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
         self.num_layers = check_positive_int("num_layers", num_layers)
         self.head_dim = None if head_dim is None else check_positive_int("head_dim", head_dim)
-        if not isinstance(attend_to_latents, bool):
-            raise ValueError(
-                f"attend_to_latents must be a bool. Received: attend_to_latents={attend_to_latents!r}"
-            )
+        check_bool("attend_to_latents", attend_to_latents)
         if activation not in ACTIVATIONS:
             raise ValueError(
                 f"activation must be one of {ACTIVATIONS}. Received: activation={activation!r}"

@@ -13,6 +13,7 @@ from keras_xf.layers.compression.upsample import METHODS
 from keras_xf.layers.compression.upsample import Upsample
 from keras_xf.layers.residual.residual import FINAL_NORM_PLACEMENTS
 from keras_xf.layers.residual.residual import make_normalization
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_sequence_width
@@ -95,9 +96,7 @@ class CompressedStack(keras.layers.Layer):
         if upsample not in METHODS:
             raise ValueError(f"upsample must be one of {METHODS}. Received: upsample={upsample!r}")
         self.upsample_method = upsample
-        if not isinstance(residual, bool):
-            raise ValueError(f"residual must be a bool. Received: residual={residual!r}")
-        self.residual = residual
+        self.residual = check_bool("residual", residual)
         if final_norm is not None and not isinstance(final_norm, bool):
             raise ValueError(f"final_norm must be a bool or None. Received: "
                              f"final_norm={final_norm!r}")

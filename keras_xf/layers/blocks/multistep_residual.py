@@ -5,6 +5,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import static_dim
 
@@ -85,10 +86,8 @@ class MultiStepResidual(keras.layers.Layer):
         super().__init__(**kwargs)
         self.a = _coefficients(a, "a")
         self.b = _coefficients(b, "b")
-        if not isinstance(trainable_coefficients, bool):
-            raise ValueError("trainable_coefficients must be a bool. Received: "
-                             f"trainable_coefficients={trainable_coefficients!r}")
-        self.trainable_coefficients = trainable_coefficients
+        self.trainable_coefficients = check_bool("trainable_coefficients",
+                                                 trainable_coefficients)
 
     def build(self, states_shape=None, increments_shape=None):
         if self.trainable_coefficients:

@@ -16,6 +16,7 @@ from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import serialize_template
 from keras_xf.layers.residual.residual import make_normalization
 from keras_xf.ops.backend_specific import vjp
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_rank
 
@@ -86,9 +87,8 @@ class ReversibleStack(PassesMixerArguments, keras.layers.Layer):
         super().__init__(**kwargs)
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"num_layers must be a positive int. Received: num_layers={num_layers}")
-        for name, value in (("final_norm", final_norm), ("recompute", recompute)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be a bool. Received: {name}={value!r}")
+        check_bool("final_norm", final_norm)
+        check_bool("recompute", recompute)
         template = _reversible_template(block)
         self._block_config = serialize_template(template)
         self.num_layers = num_layers

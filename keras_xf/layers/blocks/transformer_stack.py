@@ -26,6 +26,7 @@ from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import serialize_template
 from keras_xf.layers.residual.residual import FINAL_NORM_PLACEMENTS
 from keras_xf.layers.residual.residual import make_normalization
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import check_rate
@@ -61,10 +62,7 @@ def _without_biases(config):
 
 
 def _validate_bias_sharing(share_score_biases, templates):
-    if not isinstance(share_score_biases, bool):
-        raise ValueError("share_score_biases must be a bool. Received: "
-                         f"share_score_biases={share_score_biases!r}")
-    if not share_score_biases:
+    if not check_bool("share_score_biases", share_score_biases):
         return False
     counts = set()
     for template in templates:
@@ -256,9 +254,7 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         §4.3)."""
         check_fusion(fusion, fusion_normalization)
         self.multistep = check_multistep(multistep)
-        if not isinstance(learn_multistep, bool):
-            raise ValueError(f"learn_multistep must be a bool. Received: "
-                             f"learn_multistep={learn_multistep!r}")
+        check_bool("learn_multistep", learn_multistep)
         if fusion is not None and self.multistep is not None:
             raise ValueError(
                 "fusion and multistep both define how a layer combines the earlier layer "

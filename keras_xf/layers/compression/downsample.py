@@ -3,12 +3,15 @@
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_sequence_width
 from keras_xf.ops.checks import get_initializer
+from keras_xf.ops.checks import known_width
 from keras_xf.ops.masks import compressed_length
 from keras_xf.ops.masks import downsample_padding_mask
+from keras_xf.ops.masks import zero_padded
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -58,19 +61,13 @@ class Downsample(keras.layers.Layer):
                 "kernel_size must be at least stride, so that every position is read. "
                 f"Received: kernel_size={kernel_size}, stride={stride}"
             )
-        if not isinstance(use_bias, bool):
-            raise ValueError(f"use_bias must be a bool. Received: use_bias={use_bias!r}")
-        self.use_bias = use_bias
+        self.use_bias = check_bool("use_bias", use_bias)
         self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.width = None
 
     def build(self, inputs_shape, padding_mask_shape=None):
-        width = inputs_shape[-1]
-        if not isinstance(width, int):
-            raise ValueError(f"inputs must have a known last dimension. Received: "
-                             f"inputs.shape={tuple(inputs_shape)}")
-        self.width = width
+        self.width = width = known_width(inputs_shape)
         self.kernel = self.add_weight(shape=(self.kernel_size, width, width),
                                       initializer=self.kernel_initializer, name="kernel")
         self.bias = None
@@ -83,8 +80,7 @@ class Downsample(keras.layers.Layer):
         check_padding_mask(padding_mask, inputs)
         length = inputs.shape[1] if isinstance(inputs.shape[1], int) else ops.shape(inputs)[1]
         if padding_mask is not None:
-            valid = ops.cast(padding_mask, "bool")
-            inputs = ops.where(valid[:, :, None], inputs, ops.zeros_like(inputs))
+            inputs = zero_padded(inputs, padding_mask)
         extra = (compressed_length(length, self.stride) - 1) * self.stride + self.kernel_size
         padded = ops.pad(inputs, ((0, 0), (0, extra - length), (0, 0)))
         outputs = ops.conv(padded, ops.cast(self.kernel, inputs.dtype), strides=self.stride,
@@ -94,8 +90,7 @@ class Downsample(keras.layers.Layer):
         if padding_mask is None:
             return outputs
         mask = downsample_padding_mask(padding_mask, self.kernel_size, self.stride)
-        outputs = ops.where(mask[:, :, None], outputs, ops.zeros_like(outputs))
-        return outputs, mask
+        return zero_padded(outputs, mask), mask
 
     def compute_output_spec(self, inputs, padding_mask=None):
         check_sequence_width(inputs, self.width)

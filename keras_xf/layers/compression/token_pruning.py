@@ -1,6 +1,7 @@
 """Learned token pruning: keep the highest-scoring tokens of a sequence (survey §5.8)."""
 
 import math
+from typing import NamedTuple
 
 import keras
 from keras import ops
@@ -9,7 +10,9 @@ from keras_xf.ops.attention import lowest_value
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_sequence_width
 from keras_xf.ops.checks import get_initializer
+from keras_xf.ops.checks import known_width
 from keras_xf.ops.gates import GATES
+from keras_xf.ops.masks import zero_padded
 
 
 def kept_count(keep_ratio, length):
@@ -54,6 +57,40 @@ def gather_tokens(values, indices):
         return ops.take_along_axis(values, indices, axis=1)
     rows = ops.broadcast_to(indices[:, :, None], ops.shape(indices) + (values.shape[-1],))
     return ops.take_along_axis(values, rows, axis=1)
+
+
+def score_weights(layer, width):
+    """The weights `(w [d], b [])` of the token scores `s_i = h_i w + b`, added to `layer`
+    (`w` drawn by its `kernel_initializer`, `b` zero)."""
+    kernel = layer.add_weight(shape=(width,), initializer=layer.kernel_initializer,
+                              name="kernel")
+    return kernel, layer.add_weight(shape=(), initializer="zeros", name="bias")
+
+
+class _Selection(NamedTuple):
+    """The `keep` tokens of highest score chosen by `select_tokens`."""
+
+    scores: object  # float32 [B, n], s_i of every token
+    valid: object  # bool [B, n], the real tokens
+    indices: object  # int32 [B, k], the kept positions in increasing order
+    tokens: object  # [B, k, d], the kept tokens
+    real: object  # bool [B, k], which kept tokens are real
+    probabilities: object  # float32 [B, k], σ(s_i) of the kept tokens
+
+
+def select_tokens(inputs, padding_mask, kernel, bias, keep):
+    """The `keep` real tokens of `inputs` `[B, n, d]` of highest score `s_i = h_i w + b`
+    (padded ones only after every real one), gathered in their original order."""
+    scores = token_scores(inputs, kernel, bias)
+    if padding_mask is None:
+        valid = ops.ones(ops.shape(scores), "bool")
+    else:
+        valid = ops.cast(padding_mask, "bool")
+    indices = top_token_indices(scores, valid, keep)
+    return _Selection(
+        scores=scores, valid=valid, indices=indices, tokens=gather_tokens(inputs, indices),
+        real=ops.cast(gather_tokens(ops.cast(valid, "int32"), indices), "bool"),
+        probabilities=ops.sigmoid(gather_tokens(scores, indices)))
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -107,14 +144,8 @@ class TokenPruning(keras.layers.Layer):
         self.width = None
 
     def build(self, inputs_shape, padding_mask_shape=None):
-        width = inputs_shape[-1]
-        if not isinstance(width, int):
-            raise ValueError(f"inputs must have a known last dimension. Received: "
-                             f"inputs.shape={tuple(inputs_shape)}")
-        self.width = width
-        self.kernel = self.add_weight(shape=(width,), initializer=self.kernel_initializer,
-                                      name="kernel")
-        self.bias = self.add_weight(shape=(), initializer="zeros", name="bias")
+        self.width = known_width(inputs_shape)
+        self.kernel, self.bias = score_weights(self, self.width)
 
     def _kept(self, inputs, padding_mask):
         check_sequence_width(inputs, self.width)
@@ -123,20 +154,12 @@ class TokenPruning(keras.layers.Layer):
 
     def call(self, inputs, padding_mask=None):
         keep = self._kept(inputs, padding_mask)
-        scores = token_scores(inputs, self.kernel, self.bias)
-        if padding_mask is None:
-            valid = ops.ones(ops.shape(scores), "bool")
-        else:
-            valid = ops.cast(padding_mask, "bool")
-        indices = top_token_indices(scores, valid, keep)
-        kept = gather_tokens(inputs, indices)
-        kept_mask = ops.cast(gather_tokens(ops.cast(valid, "int32"), indices), "bool")
-        gates = ops.sigmoid(gather_tokens(scores, indices))
+        kept = select_tokens(inputs, padding_mask, self.kernel, self.bias, keep)
+        gates = kept.probabilities
         if self.gate == "straight_through":
             gates = 1.0 + gates - ops.stop_gradient(gates)
-        outputs = kept * ops.cast(gates, kept.dtype)[:, :, None]
-        outputs = ops.where(kept_mask[:, :, None], outputs, ops.zeros_like(outputs))
-        return outputs, kept_mask, indices
+        outputs = kept.tokens * ops.cast(gates, kept.tokens.dtype)[:, :, None]
+        return zero_padded(outputs, kept.real), kept.real, kept.indices
 
     def compute_output_spec(self, inputs, padding_mask=None):
         keep = self._kept(inputs, padding_mask)

@@ -7,9 +7,9 @@ from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import with_dtype_policy
 from keras_xf.layers.compression.token_pruning import check_keep_ratio
 from keras_xf.layers.compression.token_pruning import gather_tokens
+from keras_xf.layers.compression.token_pruning import score_weights
+from keras_xf.layers.compression.token_pruning import select_tokens
 from keras_xf.layers.compression.token_pruning import static_kept_count
-from keras_xf.layers.compression.token_pruning import token_scores
-from keras_xf.layers.compression.token_pruning import top_token_indices
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_probability
@@ -150,9 +150,7 @@ class TokenSkip(keras.layers.Layer):
             raise ValueError(f"inputs must have shape [batch, length, dim] with a known dim. "
                              f"Received: inputs.shape={inputs_shape}")
         self.width = width
-        self.kernel = self.add_weight(shape=(width,), initializer=self.kernel_initializer,
-                                      name="kernel")
-        self.bias = self.add_weight(shape=(), initializer="zeros", name="bias")
+        self.kernel, self.bias = score_weights(self, width)
         length = inputs_shape[1]
         keep = None
         if isinstance(length, int):
@@ -164,15 +162,9 @@ class TokenSkip(keras.layers.Layer):
         check_sequence_width(inputs, self.width)
         check_padding_mask(padding_mask, inputs)
         keep = static_kept_count(inputs, self.capacity, "capacity")
-        scores = token_scores(inputs, self.kernel, self.bias)  # float32 [B, n]
-        if padding_mask is None:
-            valid = ops.ones(ops.shape(scores), "bool")
-        else:
-            valid = ops.cast(padding_mask, "bool")
-        indices = top_token_indices(scores, valid, keep)  # [B, k], increasing
-        gathered = gather_tokens(inputs, indices)
-        real = ops.cast(gather_tokens(ops.cast(valid, "int32"), indices), "bool")
-        nonskip = ops.sigmoid(gather_tokens(scores, indices))  # Pr(nonskip | h_i), float32
+        selection = select_tokens(inputs, padding_mask, self.kernel, self.bias, keep)
+        indices, gathered, real = selection.indices, selection.tokens, selection.real
+        nonskip = selection.probabilities  # Pr(nonskip | h_i), float32 [B, k]
         soft = bool(training) and self.gate == "multiply"
         processed = real
         if not soft:
@@ -187,11 +179,11 @@ class TokenSkip(keras.layers.Layer):
                             real[:, :, None], self.gate, bool(training))
         slots = position_slots(indices, inputs.shape[1])
         outputs = scatter_rows(inputs, rows, slots)
-        self._add_rate_loss(scores, valid)
+        self._add_rate_loss(selection.scores, selection.valid)
         if not return_processed:
             return outputs
-        processed = scatter_rows(ops.zeros_like(valid, "int32"), ops.cast(processed, "int32"),
-                                 slots)
+        processed = scatter_rows(ops.zeros_like(selection.valid, "int32"),
+                                 ops.cast(processed, "int32"), slots)
         return {"outputs": outputs, "processed": ops.cast(processed, "bool")}
 
     def _add_rate_loss(self, scores, valid):

@@ -3,11 +3,14 @@
 import keras
 from keras import ops
 
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import check_sequence_width
 from keras_xf.ops.checks import get_initializer
+from keras_xf.ops.checks import known_width
+from keras_xf.ops.masks import zero_padded
 
 METHODS = ("repeat", "transposed")
 
@@ -55,19 +58,13 @@ class Upsample(keras.layers.Layer):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
         self.method = method
-        if not isinstance(use_bias, bool):
-            raise ValueError(f"use_bias must be a bool. Received: use_bias={use_bias!r}")
-        self.use_bias = use_bias
+        self.use_bias = check_bool("use_bias", use_bias)
         self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.width = None
 
     def build(self, inputs_shape, residual_shape=None, padding_mask_shape=None):
-        width = inputs_shape[-1]
-        if not isinstance(width, int):
-            raise ValueError(f"inputs must have a known last dimension. Received: "
-                             f"inputs.shape={tuple(inputs_shape)}")
-        self.width = width
+        self.width = width = known_width(inputs_shape)
         self.kernel = self.bias = None
         if self.method == "transposed":
             self.kernel = self.add_weight(shape=(self.stride, width, width),
@@ -128,8 +125,7 @@ class Upsample(keras.layers.Layer):
         if residual is not None:
             outputs = outputs + ops.cast(residual, outputs.dtype)
         if padding_mask is not None:
-            valid = ops.cast(padding_mask, "bool")
-            outputs = ops.where(valid[:, :, None], outputs, ops.zeros_like(outputs))
+            outputs = zero_padded(outputs, padding_mask)
         return outputs
 
     def compute_output_spec(self, inputs, residual=None, padding_mask=None, output_length=None):

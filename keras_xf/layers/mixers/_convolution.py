@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import get_initializer
@@ -53,9 +54,7 @@ class SequenceConvolution(SequenceMixer):
     ):
         super().__init__(**kwargs)
         self.kernel_size = check_positive_int("kernel_size", kernel_size)
-        if not isinstance(causal, bool):
-            raise ValueError(f"causal must be a bool. Received: causal={causal!r}")
-        self.causal = causal
+        self.causal = check_bool("causal", causal)
         self.use_bias = bool(use_bias)
         self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = get_initializer("bias_initializer", bias_initializer)

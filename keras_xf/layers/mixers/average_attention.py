@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import get_activation
 from keras_xf.ops.checks import get_initializer
@@ -80,8 +81,7 @@ class AverageAttention(SequenceMixer):
     ):
         super().__init__(**kwargs)
         for name, value in (("use_ffn", use_ffn), ("use_gate", use_gate), ("causal", causal)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be a bool. Received: {name}={value!r}")
+            check_bool(name, value)
         if intermediate_dim is not None:
             if not use_ffn:
                 raise ValueError(

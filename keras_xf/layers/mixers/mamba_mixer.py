@@ -11,6 +11,7 @@ from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.layers.mixers.state_space_mixer import _inverse_softplus_dt
 from keras_xf.layers.mixers.state_space_mixer import check_scan_arguments
 from keras_xf.layers.mixers.state_space_mixer import selective_scan
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_positive_int
 
 # Mamba's discretisation: Ā = exp(ΔA) by zero-order hold, B̄ = ΔB by Euler.
@@ -98,9 +99,8 @@ class MambaMixer(SequenceMixer):
         check_positive_int("conv_kernel", conv_kernel)
         if dt_rank != "auto":
             check_positive_int("dt_rank", dt_rank)
-        for name, value in (("use_bias", use_bias), ("use_conv_bias", use_conv_bias)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be a bool. Received: {name}={value!r}")
+        check_bool("use_bias", use_bias)
+        check_bool("use_conv_bias", use_conv_bias)
         check_scan_arguments(dt_min, dt_max, method, chunk_size)
         self.state_size = state_size
         self.expand = expand

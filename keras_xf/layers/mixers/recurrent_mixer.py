@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import get_initializer
 
@@ -100,10 +101,7 @@ class RecurrentMixer(SequenceMixer):
         for name, value in (("units", units), ("output_dim", output_dim)):
             if value is not None:
                 check_positive_int(name, value)
-        if not isinstance(bidirectional, bool):
-            raise ValueError(
-                f"bidirectional must be a bool. Received: bidirectional={bidirectional!r}"
-            )
+        check_bool("bidirectional", bidirectional)
         if use_cudnn not in ("auto", True, False):
             raise ValueError(
                 f"use_cudnn must be 'auto', True or False. Received: use_cudnn={use_cudnn!r}"

@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.scan import METHODS
@@ -178,8 +179,7 @@ class StateSpaceMixer(SequenceMixer):
     ):
         super().__init__(**kwargs)
         check_positive_int("state_size", state_size)
-        if not isinstance(selective, bool):
-            raise ValueError(f"selective must be a bool. Received: selective={selective!r}")
+        check_bool("selective", selective)
         if init is None:
             init = "s4d_real" if selective else "s4d_lin"
         if init not in INITS:

@@ -11,6 +11,7 @@ from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.normalization.offset_rms_normalization import OffsetRMSNormalization
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_finite_number
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_output_length
@@ -57,10 +58,7 @@ def validate_residual_weights(norm_placement, inner_weight, outer_weight, learne
     `"weighted"` placement; elsewhere they must keep their defaults (1, 0, False)."""
     check_finite_number("inner_weight", inner_weight)
     check_finite_number("outer_weight", outer_weight)
-    if not isinstance(learned_weights, bool):
-        raise ValueError(
-            f"learned_weights must be a bool. Received: learned_weights={learned_weights!r}"
-        )
+    check_bool("learned_weights", learned_weights)
     if norm_placement == "weighted":
         return
     given = {"inner_weight": (inner_weight, 1.0), "outer_weight": (outer_weight, 0.0),

@@ -13,6 +13,7 @@ from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.residual.residual import make_normalization
 from keras_xf.layers.residual.residual import validate_normalization
+from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rank
@@ -107,10 +108,8 @@ class RungeKuttaResidual(PassesMixerArguments, keras.layers.Layer):
         if stage_norm not in STAGE_NORMS:
             raise ValueError(
                 f"stage_norm must be one of {STAGE_NORMS}. Received: stage_norm={stage_norm!r}")
-        for name, value in (("share_weights", share_weights),
-                            ("learned_coefficients", learned_coefficients)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be a bool. Received: {name}={value!r}")
+        check_bool("share_weights", share_weights)
+        check_bool("learned_coefficients", learned_coefficients)
         check_positive_number("step_size", step_size)
         validate_normalization(normalization, "pre", dropout, epsilon)
         self.method = method

@@ -10,6 +10,8 @@ from tests.layer_checks import random_normal
 from tests.layer_checks import randomize_weights
 from tests.layer_checks import to_float64
 from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import check_bad_padding_mask
+from tests.layers.bad_inputs import check_bad_sequence_inputs
 from tests.layers.bad_inputs import raises_naming
 from tests.reference import sequence_compression as ref
 
@@ -144,15 +146,11 @@ def test_bad_upsample_arguments(kwargs, name):
 
 @pytest.mark.parametrize("mask", bad_padding_masks(B, T))
 def test_bad_padding_mask(mask):
-    x = np.zeros((B, T, D), "float32")
-    raises_naming("padding_mask", lambda: Downsample(2)(x, padding_mask=mask))
+    check_bad_padding_mask(Downsample(2), mask, (B, T, D))
 
 
 def test_bad_inputs():
-    layer = Downsample(2)
-    layer(np.zeros((B, T, D), "float32"))
-    raises_naming("inputs", lambda: layer(np.zeros((B, T, D + 1), "float32")))
-    raises_naming("inputs", lambda: Downsample(2)(np.zeros((B, T), "float32")))
+    check_bad_sequence_inputs(lambda: Downsample(2), (B, T, D))
     up = Upsample(2)
     x = np.zeros((B, 4, D), "float32")
     raises_naming("output_length", lambda: up(x, output_length=9))

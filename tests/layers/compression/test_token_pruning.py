@@ -9,6 +9,8 @@ from tests.layer_checks import random_normal
 from tests.layer_checks import randomize_weights
 from tests.layer_checks import to_float64
 from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import check_bad_padding_mask
+from tests.layers.bad_inputs import check_bad_sequence_inputs
 from tests.layers.bad_inputs import raises_naming
 from tests.reference import sequence_compression as ref
 
@@ -121,13 +123,8 @@ def test_bad_arguments(kwargs, name):
 
 @pytest.mark.parametrize("mask", bad_padding_masks(B, T))
 def test_bad_padding_mask(mask):
-    x = np.zeros((B, T, D), "float32")
-    raises_naming("padding_mask", lambda: TokenPruning(0.5)(x, padding_mask=mask))
+    check_bad_padding_mask(TokenPruning(0.5), mask, (B, T, D))
 
 
 def test_bad_inputs():
-    layer = TokenPruning(0.5)
-    layer(np.zeros((B, T, D), "float32"))
-    raises_naming("inputs", lambda: layer(np.zeros((B, T, D + 1), "float32")))
-    raises_naming("inputs", lambda: TokenPruning(0.5)(np.zeros((B, T), "float32")))
-    raises_naming("inputs", lambda: TokenPruning(0.5)(keras.Input((None, D))))
+    check_bad_sequence_inputs(lambda: TokenPruning(0.5), (B, T, D), static_length=True)

@@ -17,6 +17,8 @@ from tests.layer_checks import padding_mask
 from tests.layer_checks import random_normal
 from tests.layer_checks import to_float64
 from tests.layers.bad_inputs import bad_padding_masks
+from tests.layers.bad_inputs import check_bad_padding_mask
+from tests.layers.bad_inputs import check_bad_sequence_inputs
 from tests.layers.bad_inputs import raises_naming
 from tests.layers.blocks.test_transformer_block import make_block
 from tests.layers.blocks.test_transformer_block import numpy_block
@@ -269,13 +271,9 @@ def test_bad_block():
 
 @pytest.mark.parametrize("mask", bad_padding_masks(B, T))
 def test_bad_padding_mask(mask):
-    x = np.zeros((B, T, D), "float32")
-    raises_naming("padding_mask", lambda: TokenSkip(make_block())(x, padding_mask=mask))
+    check_bad_padding_mask(TokenSkip(make_block()), mask, (B, T, D))
 
 
 def test_bad_inputs():
-    layer = TokenSkip(make_block(), capacity=0.5)
-    layer(np.zeros((B, T, D), "float32"))
-    raises_naming("inputs", lambda: layer(np.zeros((B, T, D + 1), "float32")))
-    raises_naming("inputs", lambda: TokenSkip(make_block())(np.zeros((B, T), "float32")))
-    raises_naming("inputs", lambda: TokenSkip(make_block())(keras.Input((None, D))))
+    check_bad_sequence_inputs(lambda: TokenSkip(make_block(), capacity=0.5), (B, T, D),
+                              static_length=True)

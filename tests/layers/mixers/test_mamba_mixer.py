@@ -12,7 +12,9 @@ from tests import layer_checks as checks
 from tests.layers.bad_inputs import bad_padding_masks
 from tests.layers.bad_inputs import raises_naming
 from tests.layer_checks import random_normal
+from tests.models.tiny import cached_logits
 from tests.models.tiny import causal_lm
+from tests.models.tiny import check_cached_generation
 from tests.models.tiny import token_batch
 from tests.reference import state_space as reference
 
@@ -133,18 +135,9 @@ def test_a_causal_lm_of_mamba_blocks_decodes_generates_and_trains(rng):
     assert model.backbone.transformer_stack.blocks[1].feedforward is None
     batch = token_batch(rng, length=8)
     full = checks.to_numpy(model(batch))
-    cache = model.init_cache(2, 8)
-    logits, _, cache = model.call_with_cache(batch["token_ids"][:, :3], cache, 0)
-    steps = [checks.to_numpy(logits)]
-    for t in range(3, 8):
-        logits, _, cache = model.call_with_cache(batch["token_ids"][:, t:t + 1], cache, t)
-        steps.append(checks.to_numpy(logits))
-    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-4, atol=1e-4)
-    # The compiled generation loop (traced on PyTorch) gives the tokens of the uncached one.
-    prompts = [[3, 4, 5], [6, 7], [9, 10, 11, 12]]
-    cached = np.array(model.generate(prompts, max_length=10))
-    uncached = np.array(model.generate(prompts, max_length=10, use_cache=False))
-    np.testing.assert_array_equal(cached, uncached)
+    np.testing.assert_allclose(cached_logits(model, batch, prefill=3), full, rtol=1e-4,
+                               atol=1e-4)
+    check_cached_generation(model)
     labels = np.roll(batch["token_ids"], -1, axis=1)
     model.compile(optimizer=keras.optimizers.Adam(1e-2))
     history = model.fit(batch, labels, sample_weight=batch["padding_mask"], epochs=3,
