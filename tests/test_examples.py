@@ -83,6 +83,15 @@ TINY_RUNS = {
          "--intermediate-dim", "32", "--timing-examples", "2", "--output", "{tmp}/e.png"],
         ["fixed depth", "entropy", "patience 1", "batch-1 time per passage", "wrote"],
     ),
+    "early_exit_lm.py": (
+        ["--steps", "2", "--batch-size", "4", "--length", "16", "--num-layers", "2",
+         "--hidden-dim", "16", "--num-heads", "2", "--intermediate-dim", "32",
+         "--eval-windows", "4", "--prompts", "2", "--prompt-length", "8", "--new-tokens", "4",
+         "--max-characters", "20000", "--criteria", "entropy", "patience",
+         "--output", "{tmp}/e.png", "--results", "{tmp}/e.json"],
+        ["fixed depth", "adaptive depth, teacher-forced", "greedy generation",
+         "adaptive loop without early exit", "wrote"],
+    ),
     "deep_post_norm.py": (
         ["--depths", "2", "--steps", "2", "--log-every", "1", "--max-characters", "5000",
          "--sequence-length", "8", "--batch-size", "4", "--hidden-dim", "8",
