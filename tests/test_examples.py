@@ -90,7 +90,7 @@ TINY_RUNS = {
          "--max-characters", "20000", "--criteria", "entropy", "patience",
          "--output", "{tmp}/e.png", "--results", "{tmp}/e.json"],
         ["fixed depth", "adaptive depth, teacher-forced", "greedy generation",
-         "adaptive loop without early exit", "wrote"],
+         "without early exit", "vs loop", "wrote"],
     ),
     "deep_post_norm.py": (
         ["--depths", "2", "--steps", "2", "--log-every", "1", "--max-characters", "5000",
