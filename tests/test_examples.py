@@ -92,6 +92,15 @@ TINY_RUNS = {
         ["every layer run", "λ 0.1 τ 0.5", "average layers", "batch-1 time per passage",
          "wrote"],
     ),
+    "early_exit_lm.py": (
+        ["--steps", "2", "--batch-size", "4", "--length", "16", "--num-layers", "2",
+         "--hidden-dim", "16", "--num-heads", "2", "--intermediate-dim", "32",
+         "--eval-windows", "4", "--prompts", "2", "--prompt-length", "8", "--new-tokens", "4",
+         "--max-characters", "20000", "--criteria", "entropy", "patience",
+         "--output", "{tmp}/e.png", "--results", "{tmp}/e.json"],
+        ["fixed depth", "adaptive depth, teacher-forced", "greedy generation",
+         "without early exit", "vs loop", "wrote"],
+    ),
     "deep_post_norm.py": (
         ["--depths", "2", "--steps", "2", "--log-every", "1", "--max-characters", "5000",
          "--sequence-length", "8", "--batch-size", "4", "--hidden-dim", "8",
