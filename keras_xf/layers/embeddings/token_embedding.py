@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.quantized_saving import QuantizedVariableSaving
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
@@ -18,7 +19,7 @@ _VALUE_RANGES = {"int8": (-127, 127), "int4": (-8, 7)}
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class TokenEmbedding(keras.layers.Layer):
+class TokenEmbedding(QuantizedVariableSaving, keras.layers.Layer):
     """Looks up token vectors `x_j = E[token_j]`, and projects back to vocabulary logits.
 
     The forward call returns `E[ids] · (√d if scale else 1)`. Called with `reverse=True` on
@@ -218,30 +219,11 @@ class TokenEmbedding(keras.layers.Layer):
         plain = ["embeddings"] + ([] if self.tie_weights else ["reverse_embeddings"])
         return {None: plain, "int8": quantized, "int4": quantized}
 
-    def save_own_variables(self, store):
-        if not self.built:
-            return
-        for index, name in enumerate(self._serialised_names()):
-            store[str(index)] = getattr(self, name)
-
-    def load_own_variables(self, store):
-        self._check_load_own_variables(store)
-        if not self.built:
-            return
-        for index, name in enumerate(self._serialised_names()):
-            getattr(self, name).assign(store[str(index)])
-
     def _quantization_mode_error(self, mode):
         return ValueError(
             "TokenEmbedding supports quantization modes 'int8' and 'int4'. "
             f"Received: mode={mode}"
         )
-
-    def _serialised_names(self):
-        spec = self.variable_serialization_spec
-        if self.quantization_mode not in spec:
-            raise self._quantization_mode_error(self.quantization_mode)
-        return spec[self.quantization_mode]
 
     def compute_output_shape(self, inputs_shape, reverse=False):
         if reverse:

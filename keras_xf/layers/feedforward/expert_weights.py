@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.quantized_saving import QuantizedVariableSaving
 from keras_xf.ops.backend_specific import grouped_matmul
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rank
@@ -37,7 +38,7 @@ def _stacked_initializer(initializer, slices):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class ExpertWeights(keras.layers.Layer):
+class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
     """`y_g = x_g W^{e(g)} + b^{e(g)}`: one projection per expert, applied group by group.
 
     Survey §4.4 (mixture of experts): each expert `e` has its own matrix `W^e ∈ R^{D×F}`;
@@ -255,25 +256,6 @@ class ExpertWeights(keras.layers.Layer):
         names = ["expert_kernel"] + (["expert_bias"] if self.use_bias else [])
         return {None: names, "int8": names + ["expert_kernel_scale"],
                 "int4": names + ["expert_kernel_scale"]}
-
-    def _serialised_names(self):
-        spec = self.variable_serialization_spec
-        if self.quantization_mode not in spec:
-            raise self._quantization_mode_error(self.quantization_mode)
-        return spec[self.quantization_mode]
-
-    def save_own_variables(self, store):
-        if not self.built:
-            return
-        for index, name in enumerate(self._serialised_names()):
-            store[str(index)] = getattr(self, name)
-
-    def load_own_variables(self, store):
-        self._check_load_own_variables(store)
-        if not self.built:
-            return
-        for index, name in enumerate(self._serialised_names()):
-            getattr(self, name).assign(store[str(index)])
 
     def _quantization_mode_error(self, mode):
         return ValueError(
