@@ -33,10 +33,10 @@ class StopClassifier(keras.layers.Layer):
     Returns:
         float32 `[B, T]`, the stop logits `z_i` (`stop_probability` gives `σ(z_i)`).
 
-    Example:
+    Example (trained with `StopClassifierTrainer`, then
+    `lm.generate(prompts, stop_classifier=classifier, stop_margin=0.2)`):
     >>> classifier = StopClassifier(intermediate_dim=32)
     >>> classifier(keras.random.normal((2, 5, 16))).shape  # (2, 5)
-    >>> lm.generate(prompts, stop_classifier=classifier, stop_margin=0.2)
     """
 
     def __init__(self, intermediate_dim=None, intermediate_activation="relu", dropout=0.0,
