@@ -9,10 +9,11 @@ import math
 import numpy as np
 
 
-def downsample(x, kernel, bias, stride, padding_mask=None):
-    """`h′_i = b + Σ_{j<k} h_{i·s+j} W_j` for `i < ⌈n/s⌉`, positions past `n` and padded
-    positions read as zero; compressed position `i` is real when any `h_{i·s+j}` (`j < k`,
-    `i·s+j < n`) is real, and its output is zero otherwise.
+def downsample(x, kernel, bias, stride, padding_mask=None, shift=0):
+    """`h′_i = b + Σ_{j<k} h_{i·s+j−shift} W_j` for `i < ⌈n/s⌉`, positions outside `[0, n)`
+    and padded positions read as zero; compressed position `i` is real when any position its
+    window reads is real, and its output is zero otherwise. `shift = k − 1` is the causal
+    form (window `i` ends at position `i·s`).
 
     Returns (`[B, ⌈n/s⌉, d]`, boolean `[B, ⌈n/s⌉]`)."""
     batch, length, width = x.shape
@@ -25,8 +26,8 @@ def downsample(x, kernel, bias, stride, padding_mask=None):
         for i in range(windows):
             total = np.zeros(kernel.shape[-1]) if bias is None else np.array(bias, np.float64)
             for j in range(size):
-                position = i * stride + j
-                if position < length and valid[b, position]:
+                position = i * stride + j - shift
+                if 0 <= position < length and valid[b, position]:
                     total = total + x[b, position] @ kernel[j]
                     mask[b, i] = True
             out[b, i] = total if mask[b, i] else 0.0

@@ -2,6 +2,7 @@
 (survey §5.8, "Sequence Compression")."""
 
 import keras
+from keras import ops
 
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
@@ -54,11 +55,18 @@ class CompressedStack(keras.layers.Layer):
     positions never reach real outputs. Each of the three stacks is a `TransformerStack` of
     fresh copies of the template (`final_norm=False`; the one final norm is this layer's).
 
-    Downsampling mixes later positions into each compressed position, so the stack is not
-    causal: a template whose mixer is causal is refused.
+    Causal stacks (Hourglass, Nawrot et al. 2021): with a template whose mixer is causal, a
+    compressed position must not read positions after the earliest output that uses it. The
+    states are shifted right by `k − 1` before downsampling (zeros in front, marked padding),
+    so window `i` reads positions `i·s − k + 1 … i·s`, and only the first `n′` windows are
+    kept; upsampled position `t` takes window `⌊t/s⌋`, which ends at `⌊t/s⌋·s ≤ t`, and the
+    compressed layers are causal among windows. Every output then depends on inputs at its
+    own and earlier positions only. The stack has no cache: a model that decodes with a
+    cache cannot use it.
 
     Args:
-        block: a `TransformerBlock` (or its serialised config), the template of every layer.
+        block: a `TransformerBlock` (or its serialised config), the template of every layer;
+            a causal mixer makes the stack causal (above).
         num_layers: `(L₁, L₂, L₃)`, `L₁, L₃ ≥ 0`, `L₂ ≥ 1`.
         stride: int `s`, the reduction factor.
         kernel_size: int `k ≥ s` of the downsampling convolution (`None`: `s`).
@@ -79,18 +87,16 @@ class CompressedStack(keras.layers.Layer):
     >>> block = TransformerBlock(MultiHeadAttention(2), FeedForward(16), norm_placement="pre")
     >>> stack = CompressedStack(block, num_layers=(1, 2, 1), stride=2)
     >>> y = stack(keras.random.normal((2, 5, 8)))  # (2, 5, 8)
+    >>> causal = TransformerBlock(MultiHeadAttention(2, causal=True), FeedForward(16),
+    ...                           norm_placement="pre")
+    >>> y = CompressedStack(causal, (1, 2, 1), stride=2)(keras.random.normal((2, 5, 8)))
     """
 
     def __init__(self, block, num_layers, stride=2, kernel_size=None, upsample="repeat",
                  residual=True, final_norm=None, **kwargs):
         super().__init__(**kwargs)
         template = as_layer(block, "block", kind=TransformerBlock)
-        if getattr(template.mixer, "causal", False):
-            raise ValueError(
-                "block must have a non-causal mixer: downsampling mixes later positions into "
-                "each compressed position. Received: block with a causal mixer "
-                f"{type(template.mixer).__name__}"
-            )
+        self.causal = bool(getattr(template.mixer, "causal", False))
         self._block_config = serialize_layer(template)
         self.num_layers = _check_num_layers(num_layers)
         if upsample not in METHODS:
@@ -139,11 +145,7 @@ class CompressedStack(keras.layers.Layer):
         states = inputs
         if full is not None:
             states = full(states, padding_mask=padding_mask, training=training)
-        compressed_mask = None
-        if padding_mask is None:
-            compressed = self.downsample(states)
-        else:
-            compressed, compressed_mask = self.downsample(states, padding_mask=padding_mask)
+        compressed, compressed_mask = self._downsample(states, padding_mask)
         compressed = middle(compressed, padding_mask=compressed_mask, training=training)
         outputs = self.upsample(compressed, residual=states if self.residual else None,
                                 padding_mask=padding_mask,
@@ -154,6 +156,30 @@ class CompressedStack(keras.layers.Layer):
         if self.output_norm is not None:
             outputs = self.output_norm(outputs)
         return outputs
+
+    def _downsample(self, states, padding_mask):
+        """`(C, m′)`, `m′` `None` without a padding mask; causal: the states shifted right
+        by `k − 1` and the first `⌈n/s⌉` windows kept."""
+        source, source_mask = states, padding_mask
+        shift = self.kernel_size - 1
+        if self.causal and shift > 0:
+            source = ops.pad(states, ((0, 0), (shift, 0), (0, 0)))
+            if padding_mask is not None:
+                source_mask = ops.cast(ops.pad(ops.cast(padding_mask, "int32"),
+                                               ((0, 0), (shift, 0))), "bool")
+        compressed_mask = None
+        if source_mask is None:
+            compressed = self.downsample(source)
+        else:
+            compressed, compressed_mask = self.downsample(source, padding_mask=source_mask)
+        if self.causal and shift > 0:
+            length = states.shape[1] if isinstance(states.shape[1], int) else ops.shape(
+                states)[1]
+            windows = compressed_length(length, self.stride)
+            compressed = compressed[:, :windows]
+            if compressed_mask is not None:
+                compressed_mask = compressed_mask[:, :windows]
+        return compressed, compressed_mask
 
     def compute_output_shape(self, inputs_shape, padding_mask_shape=None):
         return tuple(inputs_shape)

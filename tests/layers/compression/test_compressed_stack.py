@@ -13,6 +13,7 @@ from tests.layer_checks import randomize_weights
 from tests.layers.bad_inputs import bad_padding_masks
 from tests.layers.bad_inputs import check_bad_padding_mask
 from tests.layers.bad_inputs import raises_naming
+from tests.reference import sequence_compression as ref
 
 B, T, D = 2, 7, 8
 
@@ -22,9 +23,9 @@ def _block(placement="pre", causal=False):
                             norm_placement=placement)
 
 
-def _stack(**kwargs):
+def _stack(causal=False, **kwargs):
     kwargs = dict(dict(num_layers=(1, 1, 1), stride=2, kernel_size=3), **kwargs)
-    return CompressedStack(_block(), **kwargs)
+    return CompressedStack(_block(causal=causal), **kwargs)
 
 
 @pytest.mark.parametrize("upsample,residual", [("repeat", True), ("transposed", False)])
@@ -106,8 +107,69 @@ def test_bad_arguments(kwargs, name):
 
 
 def test_bad_block():
-    raises_naming("block", lambda: CompressedStack(_block(causal=True), (1, 1, 1)))
     raises_naming("block", lambda: CompressedStack(FeedForward(4), (1, 1, 1)))
+
+
+@pytest.mark.parametrize("kernel_size", [2, 3])
+def test_causal_downsampling_matches_the_reference(kernel_size):
+    """Causal: window `i` reads positions `i·s − k + 1 … i·s` (shifted right by `k − 1`)."""
+    rng = np.random.default_rng(4)
+    x = random_normal(rng, (B, T, D))
+    mask = padding_mask((7, 4), T)
+    stack = _stack(causal=True, kernel_size=kernel_size)
+    assert stack.causal and not _stack().causal
+    stack.build(x.shape)
+    randomize_weights(stack, rng)
+    kernel, bias = (checks.to_float64(w) for w in (stack.downsample.kernel,
+                                                   stack.downsample.bias))
+    for m in (mask, None):
+        compressed, compressed_mask = stack._downsample(x, m)
+        expected, expected_mask = ref.downsample(x.astype("float64"), kernel, bias, 2, m,
+                                                 shift=kernel_size - 1)
+        np.testing.assert_allclose(checks.to_numpy(compressed), expected, atol=1e-5)
+        if m is not None:
+            np.testing.assert_array_equal(checks.to_numpy(compressed_mask), expected_mask)
+        else:
+            assert compressed_mask is None
+
+
+def _changed_after(x, position, rng):
+    changed = x.copy()
+    changed[:, position:] = random_normal(rng, changed[:, position:].shape)
+    return changed
+
+
+@pytest.mark.parametrize("upsample,residual", [("repeat", True), ("transposed", False)])
+def test_a_causal_stack_reads_no_later_position(upsample, residual):
+    """Output `t` is unchanged when every input after `t` changes (and changes when they do
+    for the non-causal stack, so the check can fail)."""
+    rng = np.random.default_rng(5)
+    x = random_normal(rng, (B, T, D))
+    mask = np.ones((B, T), bool)
+    stack = _stack(causal=True, upsample=upsample, residual=residual)
+    stack.build(x.shape)
+    randomize_weights(stack, rng)
+    full = checks.to_numpy(stack(x, padding_mask=mask))
+    for position in range(1, T):
+        changed = checks.to_numpy(stack(_changed_after(x, position, rng), padding_mask=mask))
+        np.testing.assert_allclose(changed[:, :position], full[:, :position], atol=1e-5)
+        assert not np.allclose(changed[:, position:], full[:, position:], atol=1e-3)
+    plain = _stack(upsample=upsample, residual=residual)
+    plain.build(x.shape)
+    randomize_weights(plain, rng)
+    changed = checks.to_numpy(plain(_changed_after(x, T - 1, rng), padding_mask=mask))
+    assert not np.allclose(changed[:, :T - 1], checks.to_numpy(plain(x, padding_mask=mask))[
+        :, :T - 1], atol=1e-3)
+
+
+def test_a_causal_stack_saves_and_trains(tmp_path):
+    rng = np.random.default_rng(6)
+    inputs = [random_normal(rng, (B, T, D)), padding_mask((6, 3), T)]
+    stack = _stack(causal=True)
+    assert checks.check_config_round_trip(stack).causal
+    model = _model(stack)
+    checks.check_saving(model, inputs, tmp_path, atol=1e-5)
+    checks.check_fit_step(model, inputs)
 
 
 @pytest.mark.parametrize("mask", bad_padding_masks(B, T))
