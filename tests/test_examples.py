@@ -102,6 +102,12 @@ TINY_RUNS = {
         ["every token", "capacity 0.5", "learned rate 0.5 τ 0.5", "tokens processed",
          "batch 4", "passages/s", "wrote"],
     ),
+    "sequence_compression_lm.py": (
+        ["--strides", "2", "--steps", "2", "--batch-size", "4", "--sequence-length", "16",
+         "--hidden-dim", "16", "--num-heads", "2", "--eval-examples", "8",
+         "--max-characters", "20000", "--timing-repeats", "1", "--results", "{tmp}/c.json"],
+        ["plain", "stride 2", "bits/byte", "train tok/s", "wrote"],
+    ),
     "early_exit_lm.py": (
         ["--steps", "2", "--batch-size", "4", "--length", "16", "--num-layers", "2",
          "--hidden-dim", "16", "--num-heads", "2", "--intermediate-dim", "32",
