@@ -65,7 +65,7 @@ def load_keras_xf(folder, warm):
     import keras
     import numpy as np
 
-    from keras_xf.models import from_huggingface
+    from keras_xf.checkpoints import from_huggingface
 
     if warm:
         from_huggingface(_warmup_folder(folder))

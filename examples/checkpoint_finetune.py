@@ -30,9 +30,9 @@ import numpy as np
 from keras_xf.datasets.shakespeare import load_text_corpus
 from keras_xf.layers import LocalPattern
 from keras_xf.models import CausalLM
-from keras_xf.models import HuggingFaceTokenizer
-from keras_xf.models import from_huggingface
-from keras_xf.models import to_huggingface
+from keras_xf.checkpoints import HuggingFaceTokenizer
+from keras_xf.checkpoints import from_huggingface
+from keras_xf.checkpoints import to_huggingface
 from keras_xf.training import language_model_examples
 
 

@@ -3,7 +3,7 @@
 Trains the same character-level CausalLM on Shakespeare twice, from the same initial
 weights and batches: once with layer drop (each layer skipped with probability `p` per
 example in training; the survey's rescaling by `ρ = 1 − p` at inference) and once without.
-Then every other layer is removed (`keras_xf.models.prune_layers`) and the validation loss
+Then every other layer is removed (`keras_xf.surgery.prune_layers`) and the validation loss
 (cross-entropy in nats per character) is reported for all four models.
 
     KERAS_BACKEND=jax python examples/layer_drop.py                 # 8 layers, 400 steps
@@ -91,7 +91,7 @@ def main():
         model.fit(x, y, batch_size=args.batch_size, epochs=1, shuffle=False,
                   verbose=args.verbose)
         full = model.evaluate(valid_x, valid_y, batch_size=args.batch_size, verbose=0)
-        pruned = keras_xf.models.prune_layers(model, kept)
+        pruned = keras_xf.surgery.prune_layers(model, kept)
         compile_model(pruned, args)
         half = pruned.evaluate(valid_x, valid_y, batch_size=args.batch_size, verbose=0)
         results[name] = (full, half)

@@ -1,7 +1,7 @@
 """Prune half the attention heads and a quarter of the feedforward units of a character
 language model, by importance (survey §5.7), and measure accuracy and speed.
 
-What it shows: `keras_xf.models.importance_scores` (the gradient of a head / unit mask,
+What it shows: `keras_xf.surgery.importance_scores` (the gradient of a head / unit mask,
 Michel et al.'s head importance, and weight magnitude), `top_indices` to choose what to
 keep, `prune_structure` to rebuild a genuinely smaller `CausalLM` with its weights sliced
 from the trained one, `layer_importance` (the loss increase when a whole layer is removed,
@@ -37,10 +37,10 @@ import numpy as np  # noqa: E402
 import keras_xf  # noqa: E402
 from _timing import fastest_seconds  # noqa: E402
 from keras_xf.models import CausalLM  # noqa: E402
-from keras_xf.models import importance_scores  # noqa: E402
-from keras_xf.models import layer_importance  # noqa: E402
-from keras_xf.models import prune_structure  # noqa: E402
-from keras_xf.models import top_indices  # noqa: E402
+from keras_xf.surgery import importance_scores  # noqa: E402
+from keras_xf.surgery import layer_importance  # noqa: E402
+from keras_xf.surgery import prune_structure  # noqa: E402
+from keras_xf.surgery import top_indices  # noqa: E402
 
 
 def parse_args(argv=None):

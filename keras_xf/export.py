@@ -603,7 +603,7 @@ def _prefilled_cache(model, token_ids, extras, recurrent):
 
 
 def _check_generation_export(model, path, format, function):
-    from keras_xf.models.generative_task import GenerativeTask
+    from keras_xf.models.generative.generative_task import GenerativeTask
 
     backend = keras.config.backend()
     if backend != "torch":

@@ -1,31 +1,31 @@
-"""keras_xf models: functional backbones and tasks built from block templates."""
+"""keras_xf models: functional backbones and the tasks built on them.
 
-from keras_xf.models.causal_lm import CausalLM
-from keras_xf.models.early_exit_causal_lm import EarlyExitCausalLM
-from keras_xf.models.early_exit_classifier import EarlyExitClassifier
-from keras_xf.models.early_exit_predictor import EarlyExitPredictor
-from keras_xf.models.generative_task import GenerativeTask
-from keras_xf.models.importance import importance_scores
-from keras_xf.models.importance import layer_importance
-from keras_xf.models.importance import top_indices
-from keras_xf.models.layer_pruning import prune_layers
-from keras_xf.models.layer_skipping_classifier import LayerSkippingClassifier
-from keras_xf.models.layer_skipping_predictor import LayerSkippingPredictor
-from keras_xf.models.presets import PRESETS
-from keras_xf.models.presets import preset_names
-from keras_xf.models.structured_pruning import prune_heads
-from keras_xf.models.structured_pruning import prune_structure
-from keras_xf.models.stop_classifier_trainer import StopClassifierTrainer
-from keras_xf.models.seq2seq_backbone import Seq2SeqBackbone
-from keras_xf.models.seq2seq_lm import Seq2SeqLM
-from keras_xf.models.text_classifier import TextClassifier
-from keras_xf.models.text_encoder import TextEncoder
-from keras_xf.models.transformer_backbone import TransformerBackbone
-from keras_xf.models.vision_backbone import VisionBackbone
-from keras_xf.models.vision_classifier import VisionClassifier
-from keras_xf.models.vision_language_encoder import VisionLanguageEncoder
-from keras_xf.models.vision_language_lm import VisionLanguageLM
-from keras_xf.models.huggingface import from_huggingface
-from keras_xf.models.huggingface import to_huggingface
-from keras_xf.models.huggingface import from_keras_hub
-from keras_xf.models.huggingface import HuggingFaceTokenizer
+- `backbones/`: the functional base class and the backbones built from block templates;
+- `encoders/`: encoder-only tasks (classification, sentence embeddings, vision);
+- `generative/`: the generation base class and the language models that generate;
+- `adaptive/`: adaptive-depth models (early exit, layer skipping, stop classifiers).
+
+Checkpoint conversion lives in `keras_xf.checkpoints` and model surgery (importance scores,
+pruning, growth) in `keras_xf.surgery`; both sit above this package.
+"""
+
+from keras_xf.models.adaptive import EarlyExitCausalLM
+from keras_xf.models.adaptive import EarlyExitClassifier
+from keras_xf.models.adaptive import EarlyExitPredictor
+from keras_xf.models.adaptive import LayerSkippingClassifier
+from keras_xf.models.adaptive import LayerSkippingPredictor
+from keras_xf.models.adaptive import StopClassifierTrainer
+from keras_xf.models.backbones import FunctionalModel
+from keras_xf.models.backbones import PRESETS
+from keras_xf.models.backbones import Seq2SeqBackbone
+from keras_xf.models.backbones import TransformerBackbone
+from keras_xf.models.backbones import VisionBackbone
+from keras_xf.models.backbones import preset_names
+from keras_xf.models.encoders import TextClassifier
+from keras_xf.models.encoders import TextEncoder
+from keras_xf.models.encoders import VisionClassifier
+from keras_xf.models.encoders import VisionLanguageEncoder
+from keras_xf.models.generative import CausalLM
+from keras_xf.models.generative import GenerativeTask
+from keras_xf.models.generative import Seq2SeqLM
+from keras_xf.models.generative import VisionLanguageLM

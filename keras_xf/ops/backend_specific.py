@@ -1,5 +1,5 @@
 """The code of keras_xf that `keras.ops` cannot express: every branch on the backend and every
-direct use of TensorFlow, JAX or PyTorch lives here (`keras_xf/export.py` aside), so that the
+direct use of TensorFlow, JAX or PyTorch lives here (`keras_xf/export/` aside), so that the
 rest of the library is written once against `keras.ops`.
 
 Each function says why `keras.ops` is not enough for it. Backends other than the three that
@@ -258,7 +258,7 @@ def grouped_matmul(x, w):
     return ops.matmul(x, w)
 
 
-# Functional models (keras_xf.models.backbone) ---------------------------------------------
+# Functional models (keras_xf.models.backbones.functional_model) ---------------------------------------------
 
 
 def sets_attributes_before_module_init(model):

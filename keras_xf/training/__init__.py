@@ -1,4 +1,4 @@
-"""Training utilities: schedules, losses, batching helpers, model growth and distillation."""
+"""Training utilities: schedules, losses, batching helpers, and distillation."""
 
 from keras_xf.training.batching import language_model_examples
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
@@ -11,5 +11,3 @@ from keras_xf.training.noam_schedule import NoamSchedule
 from keras_xf.training.sequence_distillation import sequence_distillation_data
 from keras_xf.training.smoothed_cross_entropy import SmoothedSparseCrossEntropy
 from keras_xf.training.time_limit import TimeLimit
-from keras_xf.training.grow_depth import grow_depth
-from keras_xf.training.grow_width import grow_width

@@ -1,0 +1,139 @@
+"""Hugging Face checkpoint folders ↔ keras_xf task models."""
+
+import json
+import os
+
+from keras_xf.checkpoints import bert
+from keras_xf.checkpoints import bloom
+from keras_xf.checkpoints import gemma
+from keras_xf.checkpoints import gpt2
+from keras_xf.checkpoints import llama
+from keras_xf.checkpoints import mamba
+from keras_xf.checkpoints import mixtral
+from keras_xf.checkpoints import t5
+from keras_xf.checkpoints import vit
+from keras_xf.checkpoints.deferred_variables import built_without_values
+from keras_xf.checkpoints.deferred_variables import initialize_unfilled
+from keras_xf.checkpoints.safetensors_folder import SafetensorsFolder
+
+# Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
+# `model_type` to one), `build(config, dtype)`, `tensor_map(model, config)` and
+# `hf_config(model)`; a family whose model depends on the tensors present (T5 1.1's own
+# `lm_head`) also has `build_from_folder(folder, dtype)`.
+FAMILIES = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "mixtral": mixtral, "t5": t5,
+            "vit": vit, "bert": bert, "bloom": bloom, "mamba": mamba}
+# Architectures of a known family that keras_xf refuses, with the reason.
+REFUSED = {**bert.REFUSED}
+
+
+def _family_of(config, directory):
+    """The family module and the architecture name of a checkpoint's config (its
+    `architectures`, or its `model_type` when a writer left the architectures out)."""
+    architectures = config.get("architectures") or []
+    if not architectures:
+        kind = config.get("model_type")
+        architectures = [f.MODEL_TYPES[kind] for f in FAMILIES.values() if kind in f.MODEL_TYPES]
+    for architecture in architectures:
+        if architecture in REFUSED:
+            raise ValueError(f"The checkpoint in {directory} is a {architecture}: "
+                             f"{REFUSED[architecture]}")
+    for family in FAMILIES.values():
+        if any(a in family.ARCHITECTURES for a in architectures):
+            return family, next(a for a in architectures if a in family.ARCHITECTURES)
+    known = sorted(a for f in FAMILIES.values() for a in f.ARCHITECTURES)
+    raise ValueError(
+        f"The checkpoint in {directory} is a {architectures or config.get('model_type')!r}, "
+        f"which keras_xf does not load. Loadable architectures: {known}"
+    )
+
+
+def from_huggingface(directory, dtype=None):
+    """The keras_xf task model of a local Hugging Face checkpoint folder, with every tensor
+    loaded.
+
+    Args:
+        directory: a folder with `config.json` and `model.safetensors` (or sharded files with
+            `model.safetensors.index.json`), as written by `save_pretrained`.
+        dtype: the model's dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`, ...);
+            the Keras default when `None`. Tensors are cast to it as they are loaded.
+
+    Returns:
+        The task model, built from the model classes: a `CausalLM` (GPT-2; Llama, Mistral
+        and Qwen2; Gemma; Mixtral; BLOOM; Mamba), a `Seq2SeqLM` (T5 1.0 and 1.1), a
+        `VisionClassifier` (`ViTForImageClassification`), a `VisionBackbone` (a `ViTModel`
+        saved without pooler: `last_hidden_state`) or a `TextEncoder` (BERT, RoBERTa,
+        XLM-RoBERTa: its output is the pooler's, or the `[CLS]` state for a folder saved
+        without pooler; its backbone's the last hidden state).
+
+    Raises:
+        ValueError: a folder of another architecture, or a tensor that is missing, left
+            unused, or of a shape that does not fit, named in the message.
+
+    Example:
+    >>> model = from_huggingface("path/to/llama")  # doctest: +SKIP
+    >>> model.generate(["..."], max_length=32)  # doctest: +SKIP
+    """
+    return load_checkpoint(SafetensorsFolder(directory), dtype=dtype)
+
+
+def load_checkpoint(folder, dtype=None):
+    """The task model of a `SafetensorsFolder` or an in-memory `ArrayCheckpoint` (see
+    `from_huggingface`)."""
+    family, architecture = _family_of(folder.config, folder.directory)
+    try:
+        # Variables take their first value from the checkpoint: no random weights beside it.
+        with built_without_values():
+            if hasattr(family, "build_from_folder"):
+                model = family.build_from_folder(folder, dtype=dtype)
+            else:
+                model = family.build(folder.config, dtype=dtype)
+        family.tensor_map(model, folder.config).load(folder, architecture)
+    finally:
+        initialize_unfilled()
+    return model
+
+
+def to_huggingface(model, directory, family=None, dtype=None):
+    """Writes `model` as a Hugging Face checkpoint folder (`config.json`, `model.safetensors`)
+    that `transformers` loads with equal outputs.
+
+    Args:
+        model: a keras_xf task model that one of the families expresses (or, for BERT, a
+            non-causal `TransformerBackbone`).
+        directory: the folder to write (created if needed).
+        family: a key of `FAMILIES` (`"gpt2"`, `"llama"`, `"gemma"`, `"mixtral"`, `"t5"`,
+            `"vit"`, `"bert"`, `"bloom"`, `"mamba"`); by default the first family that
+            expresses `model`.
+        dtype: NumPy dtype name of the written tensors (`"float32"`, `"float16"`); the
+            variables' own dtype when `None` (bfloat16 variables are written as float32).
+
+    Returns:
+        The architecture written (`"MistralForCausalLM"`, ...), as its config names it.
+    """
+    try:
+        from safetensors.numpy import save_file
+    except ImportError:
+        raise ImportError("Writing checkpoints needs the safetensors package: "
+                          "pip install 'keras-xf[checkpoints]'") from None
+
+    names = [family] if family is not None else list(FAMILIES)
+    if family is not None and family not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}. Received: family={family!r}")
+    reasons = {}
+    for name in names:
+        try:
+            config = FAMILIES[name].hf_config(model)
+        except ValueError as error:
+            reasons[name] = str(error)
+            continue
+        tensors = FAMILIES[name].tensor_map(model, config).tensors(dtype)
+        tensors = {k: v.astype("float32") if v.dtype.name == "bfloat16" else v
+                   for k, v in tensors.items()}
+        config["dtype"] = str(next(iter(tensors.values())).dtype)
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "config.json"), "w") as file:
+            json.dump(config, file, indent=2)
+        save_file(tensors, os.path.join(directory, "model.safetensors"),
+                  metadata={"format": "pt"})
+        return config["architectures"][0]
+    raise ValueError(f"No checkpoint family expresses this {type(model).__name__}: {reasons}")

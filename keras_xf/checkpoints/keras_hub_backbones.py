@@ -1,0 +1,322 @@
+"""keras-hub backbones → keras_xf task models, through the loader of `from_huggingface`.
+
+Both paths end in the family's `build` and `tensor_map`, so the name, shape and "nothing
+left unused" checks of `from_huggingface` apply:
+- GPT-2, Llama 3, Mistral, Qwen, Gemma: keras-hub writes the backbone as a Hugging Face
+  folder with its own exporter (`keras_hub.src.utils.transformers.export`), into a temporary
+  folder that `from_huggingface` reads.
+- BERT, RoBERTa (and XLM-RoBERTa), ViT, BLOOM, Mixtral, which that exporter does not cover:
+  the backbone's weights are named here as the family's Hugging Face checkpoint, in memory
+  (an `ArrayCheckpoint` of NumPy arrays and a config dict). Each map is the inverse of
+  keras-hub's own Hugging Face → keras-hub converter
+  (`keras_hub/src/utils/transformers/convert_{bert,roberta,vit,mixtral}.py`); BLOOM, which
+  has none, follows `BloomBackbone`'s layers and `transformers`' `BloomModel`.
+"""
+
+import tempfile
+
+import keras
+import numpy as np
+
+from keras_xf.checkpoints.convert import from_huggingface
+from keras_xf.checkpoints.convert import load_checkpoint
+from keras_xf.checkpoints.tensor_map import ArrayCheckpoint
+
+# keras-hub's RoBERTa drops the first `pad_token_id + 1 = 2` rows of `transformers`' position
+# table (`convert_roberta._POSITION_OFFSET`): its positions count from 0.
+ROBERTA_PAD_ID = 1
+
+
+def _array(variable):
+    return np.asarray(keras.ops.convert_to_numpy(variable))
+
+
+def _weight(variable, input_axes=1):
+    """A Keras kernel whose first `input_axes` axes are its inputs (`[d, H, Dh]` queries: 1;
+    `[H, Dh, d]` attention outputs: 2) → a `torch.nn.Linear` weight `[out, in]`."""
+    kernel = _array(variable)
+    return kernel.reshape(int(np.prod(kernel.shape[:input_axes])), -1).T
+
+
+def _dense(tensors, prefix, layer, input_axes=1):
+    tensors[f"{prefix}.weight"] = _weight(layer.kernel, input_axes)
+    if getattr(layer, "bias", None) is not None:
+        tensors[f"{prefix}.bias"] = _array(layer.bias).reshape(-1)
+
+
+def _layer_norm(tensors, prefix, layer):
+    tensors[f"{prefix}.weight"] = _array(layer.gamma)
+    tensors[f"{prefix}.bias"] = _array(layer.beta)
+
+
+def _encoder_layers(tensors, backbone):
+    """keras-hub's post-norm `TransformerEncoder`s → `encoder.layer.{i}` of a `BertModel`
+    (`convert_bert.convert_weights`, inverted)."""
+    for index, layer in enumerate(backbone.transformer_layers):
+        prefix = f"encoder.layer.{index}"
+        attention = layer._self_attention_layer
+        for name, dense in (("self.query", attention.query_dense),
+                            ("self.key", attention.key_dense),
+                            ("self.value", attention.value_dense)):
+            _dense(tensors, f"{prefix}.attention.{name}", dense)
+        _dense(tensors, f"{prefix}.attention.output.dense", attention.output_dense, 2)
+        _layer_norm(tensors, f"{prefix}.attention.output.LayerNorm",
+                    layer._self_attention_layer_norm)
+        _dense(tensors, f"{prefix}.intermediate.dense", layer._feedforward_intermediate_dense)
+        _dense(tensors, f"{prefix}.output.dense", layer._feedforward_output_dense)
+        _layer_norm(tensors, f"{prefix}.output.LayerNorm", layer._feedforward_layer_norm)
+
+
+def _encoder_config(backbone, activation):
+    return {
+        "vocab_size": backbone.vocabulary_size, "hidden_size": backbone.hidden_dim,
+        "num_hidden_layers": backbone.num_layers, "num_attention_heads": backbone.num_heads,
+        "intermediate_size": backbone.intermediate_dim, "hidden_act": activation,
+        "layer_norm_eps": backbone.embeddings_layer_norm.epsilon,
+        "hidden_dropout_prob": backbone.dropout, "attention_probs_dropout_prob": backbone.dropout,
+        "position_embedding_type": "absolute", "is_decoder": False,
+        "add_cross_attention": False,
+    }
+
+
+def _bert(backbone):
+    """`BertBackbone` → a `BertModel` with its pooler (`pooled_dense`). keras-hub's BERT
+    uses the tanh GELU (`gelu_approximate`), `transformers`' `"gelu_new"`."""
+    tensors = {
+        "embeddings.word_embeddings.weight": _array(backbone.token_embedding.embeddings),
+        "embeddings.position_embeddings.weight":
+            _array(backbone.position_embedding.position_embeddings),
+        "embeddings.token_type_embeddings.weight": _array(backbone.segment_embedding.embeddings),
+    }
+    _layer_norm(tensors, "embeddings.LayerNorm", backbone.embeddings_layer_norm)
+    _encoder_layers(tensors, backbone)
+    _dense(tensors, "pooler.dense", backbone.pooled_dense)
+    config = {**_encoder_config(backbone, "gelu_new"), "architectures": ["BertModel"],
+              "model_type": "bert", "pad_token_id": 0,
+              "max_position_embeddings": backbone.max_sequence_length,
+              "type_vocab_size": backbone.num_segments}
+    return config, tensors
+
+
+def _roberta(backbone):
+    """`RobertaBackbone` (and `XLMRobertaBackbone`) → a `RobertaModel` without pooler: the
+    position table gets back the two rows before `pad_token_id + 1` (never read for right-
+    padded batches) and the one token-type row, which keras-hub does not have, is zero."""
+    width = backbone.hidden_dim
+    table = _array(backbone.embeddings.position_embedding.position_embeddings)
+    offset = ROBERTA_PAD_ID + 1
+    tensors = {
+        "embeddings.word_embeddings.weight": _array(backbone.token_embedding.embeddings),
+        "embeddings.position_embeddings.weight":
+            np.concatenate([np.zeros((offset, width), table.dtype), table]),
+        "embeddings.token_type_embeddings.weight": np.zeros((1, width), table.dtype),
+    }
+    _layer_norm(tensors, "embeddings.LayerNorm", backbone.embeddings_layer_norm)
+    _encoder_layers(tensors, backbone)
+    config = {**_encoder_config(backbone, "gelu"), "architectures": ["RobertaModel"],
+              "model_type": "roberta", "pad_token_id": ROBERTA_PAD_ID, "bos_token_id": 0,
+              "eos_token_id": 2, "max_position_embeddings": backbone.max_sequence_length + offset,
+              "type_vocab_size": 1}
+    return config, tensors
+
+
+def _vit(backbone):
+    """`ViTBackbone` → a `ViTModel` without pooler (`convert_vit.convert_weights`,
+    inverted): keras-hub's backbone has no classifier, and its output is the normalised
+    sequence, `last_hidden_state`."""
+    data_format = backbone.data_format
+    height, width, channels = (backbone.image_shape if data_format == "channels_last"
+                               else tuple(backbone.image_shape[i] for i in (1, 2, 0)))
+    patch = tuple(backbone.patch_size)
+    refused = {
+        "square images": height == width, "square patches": patch[0] == patch[1],
+        "use_class_token=True": backbone.use_class_token,
+        "use_mha_bias=True": backbone.use_mha_bias, "use_mlp_bias=True": backbone.use_mlp_bias,
+        "use_patch_bias=True": backbone.use_patch_bias,
+    }
+    missing = [k for k, ok in refused.items() if not ok]
+    if missing:
+        raise ValueError(f"A ViTBackbone converts with {', '.join(missing)} (a ViTModel "
+                         f"checkpoint has them). Received: image_shape={backbone.image_shape},"
+                         f" patch_size={backbone.patch_size}, use_class_token="
+                         f"{backbone.use_class_token}, use_mha_bias={backbone.use_mha_bias}, "
+                         f"use_mlp_bias={backbone.use_mlp_bias}, use_patch_bias="
+                         f"{backbone.use_patch_bias}")
+    embedding = backbone.get_layer("vit_patching_and_embedding")
+    encoder = backbone.get_layer("vit_encoder")
+    tensors = {
+        "embeddings.cls_token": _array(embedding.class_token),
+        "embeddings.position_embeddings": _array(embedding.position_embedding.embeddings)[None],
+        # Conv2D kernel [P, P, C, d] → Conv2d weight [d, C, P, P].
+        "embeddings.patch_embeddings.projection.weight":
+            np.transpose(_array(embedding.patch_embedding.kernel), (3, 2, 0, 1)),
+        "embeddings.patch_embeddings.projection.bias": _array(embedding.patch_embedding.bias),
+    }
+    for index, block in enumerate(encoder.encoder_layers):
+        prefix = f"encoder.layer.{index}"
+        for name in ("query", "key", "value"):
+            _dense(tensors, f"{prefix}.attention.attention.{name}",
+                   getattr(block.mha, f"{name}_dense"))
+        _dense(tensors, f"{prefix}.attention.output.dense", block.mha.output_dense, 2)
+        _layer_norm(tensors, f"{prefix}.layernorm_before", block.layer_norm_1)
+        _layer_norm(tensors, f"{prefix}.layernorm_after", block.layer_norm_2)
+        _dense(tensors, f"{prefix}.intermediate.dense", block.mlp.dense_1)
+        _dense(tensors, f"{prefix}.output.dense", block.mlp.dense_2)
+    _layer_norm(tensors, "layernorm", encoder.layer_norm)
+    config = {
+        "architectures": ["ViTModel"], "model_type": "vit", "image_size": height,
+        "patch_size": patch[0], "num_channels": channels, "hidden_size": backbone.hidden_dim,
+        "num_hidden_layers": backbone.num_layers, "num_attention_heads": backbone.num_heads,
+        "intermediate_size": backbone.mlp_dim, "hidden_act": "gelu",
+        "layer_norm_eps": backbone.layer_norm_epsilon, "qkv_bias": True,
+        "hidden_dropout_prob": backbone.dropout_rate,
+        "attention_probs_dropout_prob": backbone.attention_dropout,
+    }
+    return config, tensors
+
+
+def _bloom(backbone):
+    """`BloomBackbone` → a `BloomForCausalLM` with tied embeddings (keras-hub's are): its
+    separate query, key and value kernels `[d, H, Dh]` fused into `query_key_value`, whose
+    outputs are laid out `[H, 3, Dh]`."""
+    width = backbone.hidden_dim
+    if backbone.intermediate_dim != 4 * width:
+        raise ValueError("BLOOM's feedforward is 4 * hidden_dim wide. Received: "
+                         f"intermediate_dim={backbone.intermediate_dim}, hidden_dim={width}")
+    tensors = {"transformer.word_embeddings.weight": _array(backbone.token_embedding.embeddings)}
+    _layer_norm(tensors, "transformer.word_embeddings_layernorm",
+                backbone.embeddings_layer_norm)
+    for index, layer in enumerate(backbone.transformer_layers):
+        prefix = f"transformer.h.{index}"
+        attention = layer._self_attention_layer
+        parts = (attention._query_dense, attention._key_dense, attention._value_dense)
+        kernel = np.stack([_array(p.kernel) for p in parts], axis=2)  # [d, H, 3, Dh]
+        bias = np.stack([_array(p.bias) for p in parts], axis=1)  # [H, 3, Dh]
+        tensors[f"{prefix}.self_attention.query_key_value.weight"] = kernel.reshape(width, -1).T
+        tensors[f"{prefix}.self_attention.query_key_value.bias"] = bias.reshape(-1)
+        _dense(tensors, f"{prefix}.self_attention.dense", attention._output_dense)
+        _layer_norm(tensors, f"{prefix}.input_layernorm", layer._pre_attention_layernorm)
+        _layer_norm(tensors, f"{prefix}.post_attention_layernorm",
+                    layer._post_attention_layernorm)
+        _dense(tensors, f"{prefix}.mlp.dense_h_to_4h", layer._mlp_intermediate_dense)
+        _dense(tensors, f"{prefix}.mlp.dense_4h_to_h", layer._mlp_output_dense)
+    _layer_norm(tensors, "transformer.ln_f", backbone.layer_norm)
+    config = {
+        "architectures": ["BloomForCausalLM"], "model_type": "bloom",
+        "vocab_size": backbone.vocabulary_size, "hidden_size": width,
+        "n_layer": backbone.num_layers, "n_head": backbone.num_heads,
+        "layer_norm_epsilon": backbone.layer_norm_epsilon, "tie_word_embeddings": True,
+        "apply_residual_connection_post_layernorm": False, "hidden_dropout": backbone.dropout,
+        "attention_dropout": backbone.dropout, "pretraining_tp": 1, "slow_but_exact": False,
+        "pad_token_id": 3, "bos_token_id": 1, "eos_token_id": 2,
+    }
+    return config, tensors
+
+
+def _mixtral(backbone):
+    """`MixtralBackbone` → a `MixtralForCausalLM` with its own `lm_head`
+    (`convert_mixtral.convert_weights`, inverted). keras-hub adds the load-balancing loss
+    whenever it trains, so the config sets `output_router_logits`."""
+    embedding = backbone.token_embedding
+    tensors = {"model.embed_tokens.weight": _array(embedding.embeddings),
+               "lm_head.weight": _array(embedding.reverse_embeddings).T}
+    for index, layer in enumerate(backbone.transformer_layers):
+        prefix = f"model.layers.{index}"
+        attention = layer._self_attention_layer
+        for name, dense in (("q_proj", attention.query_dense), ("k_proj", attention.key_dense),
+                            ("v_proj", attention.value_dense)):
+            _dense(tensors, f"{prefix}.self_attn.{name}", dense)
+        _dense(tensors, f"{prefix}.self_attn.o_proj", attention.output_dense, 2)
+        tensors[f"{prefix}.input_layernorm.weight"] = _array(
+            layer._self_attention_layernorm.scale)
+        tensors[f"{prefix}.post_attention_layernorm.weight"] = _array(
+            layer._feedforward_layernorm.scale)
+        moe = layer._sparse_moe_block
+        moe_prefix = f"{prefix}.block_sparse_moe"
+        _dense(tensors, f"{moe_prefix}.gate", moe._sparse_feedforward_gate_dense)
+        bank = moe.expert_bank
+        for weight, variable in (("w1", bank._expert_feedforward_gate_dense),
+                                 ("w3", bank._expert_feedforward_intermediate_dense),
+                                 ("w2", bank._expert_feedforward_output_dense)):
+            for expert, kernel in enumerate(_array(variable)):  # [in, out] each
+                tensors[f"{moe_prefix}.experts.{expert}.{weight}.weight"] = kernel.T
+    tensors["model.norm.weight"] = _array(backbone.layer_norm.scale)
+    rope = {"rope_type": "default", "rope_theta": float(backbone.rope_max_wavelength)}
+    if backbone.rope_scaling_factor != 1.0:
+        rope.update(rope_type="linear", factor=float(backbone.rope_scaling_factor))
+    config = {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+        "vocab_size": backbone.vocabulary_size, "hidden_size": backbone.hidden_dim,
+        "intermediate_size": backbone.intermediate_dim,
+        "num_hidden_layers": backbone.num_layers,
+        "num_attention_heads": backbone.num_query_heads,
+        "num_key_value_heads": backbone.num_key_value_heads,
+        "head_dim": backbone.hidden_dim // backbone.num_query_heads,
+        "num_local_experts": backbone.num_experts, "num_experts_per_tok": backbone.top_k,
+        "rms_norm_eps": backbone.layer_norm_epsilon, "rope_parameters": rope,
+        "sliding_window": backbone.sliding_window, "hidden_act": "silu",
+        # Mixtral 8x7B's context; keras-hub's backbone does not hold one.
+        "max_position_embeddings": 32768, "tie_word_embeddings": False,
+        "output_router_logits": True, "router_aux_loss_coef": backbone.router_aux_loss_coef,
+        "router_jitter_noise": backbone.router_jitter_noise,
+        "attention_dropout": backbone.dropout,
+    }
+    return config, tensors
+
+
+def _converters():
+    """`{keras-hub backbone class: its map}` (subclasses, XLM-RoBERTa's, included)."""
+    import keras_hub
+
+    models = keras_hub.models
+    return {models.BertBackbone: _bert, models.RobertaBackbone: _roberta,
+            models.ViTBackbone: _vit, models.BloomBackbone: _bloom,
+            models.MixtralBackbone: _mixtral}
+
+
+def from_keras_hub(backbone, dtype=None):
+    """The keras_xf task model with the weights of an in-memory keras-hub backbone.
+
+    Args:
+        backbone: a keras-hub backbone: one that keras-hub's Hugging Face exporter writes
+            (`GPT2Backbone`, `Llama3Backbone`, `MistralBackbone`, `QwenBackbone`,
+            `GemmaBackbone`, ...), or a `BertBackbone`, `RobertaBackbone`,
+            `XLMRobertaBackbone`, `ViTBackbone`, `BloomBackbone` or `MixtralBackbone`.
+        dtype: the dtype policy of the keras_xf model (see `from_huggingface`).
+
+    Returns:
+        The model `from_huggingface` returns for the equivalent checkpoint: a `CausalLM`
+        (the decoders, BLOOM, Mixtral), a `TextEncoder` (BERT: its output is the pooler's,
+        `pooled_output`; RoBERTa has no pooler: the `[CLS]` state; `model.backbone` gives
+        `sequence_output`) or a `VisionBackbone` (ViT: keras-hub's backbone has no
+        classifier; its output is the backbone's, channels-last images in).
+
+    Raises:
+        ValueError: a backbone of another class, or a setting the family's checkpoint
+            cannot express (a BLOOM feedforward not 4 * hidden_dim wide, a ViT without
+            biases or with non-square images).
+
+    Example:
+    >>> backbone = keras_hub.models.BertBackbone.from_preset(
+    ...     "bert_tiny_en_uncased")  # doctest: +SKIP
+    >>> encoder = from_keras_hub(backbone)  # doctest: +SKIP
+    """
+    try:
+        from keras_hub.src.utils.transformers.export.hf_exporter import MODEL_CONFIGS
+        from keras_hub.src.utils.transformers.export.hf_exporter import export_backbone
+    except ImportError:
+        raise ImportError("Converting keras-hub backbones needs keras-hub with its Hugging "
+                          "Face exporter: pip install 'keras-hub>=0.20'") from None
+    name = type(backbone).__name__
+    if name in MODEL_CONFIGS:
+        with tempfile.TemporaryDirectory() as directory:
+            export_backbone(backbone, directory, include_lm_head=True)
+            return from_huggingface(directory, dtype=dtype)
+    converters = _converters()
+    convert = next((f for cls, f in converters.items() if isinstance(backbone, cls)), None)
+    if convert is None:
+        known = sorted(set(MODEL_CONFIGS) | {cls.__name__ for cls in converters})
+        raise ValueError(f"backbone must be one of the keras-hub backbones keras_xf converts "
+                         f"({known}). Received: a {name}")
+    config, tensors = convert(backbone)
+    return load_checkpoint(ArrayCheckpoint(config, tensors, f"<keras-hub {name}>"), dtype=dtype)

@@ -1,0 +1,101 @@
+"""Base class of keras_xf's functional models (backbones and tasks)."""
+
+import keras
+
+from keras_xf.export import export_model
+from keras_xf.ops.backend_specific import register_module_parameters
+from keras_xf.ops.backend_specific import sets_attributes_before_module_init
+from keras_xf.models.backbones.arguments import check_model_inputs
+
+
+class FunctionalModel(keras.Model):
+    """A functional `keras.Model` whose config holds hyperparameters only.
+
+    Subclasses build their layers, wire `keras.Input`s through them, call
+    `super().__init__(inputs, outputs, dtype=…)`, then record their hyperparameters with
+    `arguments.record_config(self, locals())`; `get_config` returns them and `from_config`
+    is `cls(**config)`. Call inputs are checked against the model's named inputs.
+    """
+
+    def __init__(self, *args, dtype=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._initialized = True
+        register_module_parameters(self)
+        if dtype is not None:
+            self.dtype_policy = keras.dtype_policies.get(dtype)
+
+    def __setattr__(self, name, value):
+        # Layers assigned before the functional `__init__` are tracked by the graph instead.
+        if sets_attributes_before_module_init(self):
+            return object.__setattr__(self, name, value)
+        return super().__setattr__(name, value)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.dtype_policies.serialize(quantized_policy_map(self)),
+            **getattr(self, "_hyperparameters", {}),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        model = cls(**config)
+        # Sub-models recorded at construction (a task's backbone) hold a float policy: the
+        # saved map names their quantised layers, which Keras quantises when given the policy.
+        policy = keras.dtype_policies.get(config["dtype"]) if config.get("dtype") else None
+        if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            paths = set(policy)
+            for layer in model._flatten_layers():
+                if layer.path in paths and layer.quantization_mode is None:
+                    layer.dtype_policy = policy[layer.path]
+        return model
+
+    def compile_from_config(self, config):
+        """Re-compiles a loaded model with its saved optimizer, loss and metrics (tasks
+        override `compile` to give defaults, so Keras leaves this to them)."""
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if hasattr(self, "optimizer") and self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
+               **kwargs):
+        """Keras' `export` with the batch and sequence lengths of the artefact left free.
+
+        Keras' own export gives every free dimension its own symbol, so on JAX a padding
+        mask cannot broadcast against its ids. Here `"tf_saved_model"` (the default, on
+        TensorFlow and JAX) declares each sequence's shared batch and length
+        (`keras_xf.export.export_saved_model`); on PyTorch `"onnx"` and `"torch"` do the same
+        through `torch.export` (`export_onnx`, `export_torch`). A format the backend cannot
+        export (`"tf_saved_model"` on PyTorch, `"onnx"` on TensorFlow / JAX) raises a
+        `ValueError` that names what to use instead. Arguments are Keras'; see
+        `keras_xf.export.export_model` and `docs/export.md`.
+        """
+        return export_model(self, filepath, format=format, verbose=verbose,
+                            input_signature=input_signature, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        # Checked before Keras' own input checks and any backend op, so that a bad input
+        # raises the same ValueError, naming the input, on every backend.
+        check_model_inputs(self, args[0] if args else kwargs.get("inputs"))
+        return super().__call__(*args, **kwargs)
+
+
+def layer_dtype(dtype):
+    """The policy that sub-layers created before `super().__init__` should use."""
+    return keras.dtype_policies.get(dtype) if dtype is not None else None
+
+
+def quantized_policy_map(model):
+    """`model`'s policy, or after `model.quantize(...)` a `DTypePolicyMap` from each quantised
+    layer's path to its policy (keras-hub's `Backbone` does the same): sub-layers built with it,
+    or given it by `from_config`, rebuild their quantised variables when a `.keras` file loads."""
+    policy = model.dtype_policy
+    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        return policy
+    policy_map = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
+    for layer in model._flatten_layers():
+        if layer.quantization_mode is not None:
+            policy_map[layer.path] = layer.dtype_policy
+    return policy_map if len(policy_map) else policy

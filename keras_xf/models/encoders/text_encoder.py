@@ -1,0 +1,102 @@
+"""Encoder-only model producing one embedding per sequence (survey §6)."""
+
+import keras
+from keras import ops
+
+from keras_xf.layers.heads.pooling import Pooling
+from keras_xf.models.backbones.arguments import check_model_arguments
+from keras_xf.models.backbones.arguments import record_config
+from keras_xf.models.backbones.arguments import task_backbone
+from keras_xf.models.backbones.arguments import token_inputs
+from keras_xf.models.backbones.functional_model import FunctionalModel
+from keras_xf.models.backbones.presets import preset_config
+from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
+from keras_xf.models.backbones.transformer_backbone import pooled_states
+from keras_xf.ops.checks import get_activation
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class TextEncoder(FunctionalModel):
+    """`e = normalize(act(W_p · Pool(Encoder(x)) + b_p))`: a pooled, optionally projected
+    and L2-normalised sequence embedding.
+
+    BERT's pooler is `pooling="cls"`, `projection_dim=d`, `projection_activation="tanh"`,
+    `normalize=False`.
+
+    Args:
+        backbone: a `TransformerBackbone` (non-causal), or its arguments as keywords.
+        pooling: `"mean"` (default), `"cls"` or `"max"` over the padding mask. With
+            `"cls"` the backbone's last layer computes the first position alone (its keys
+            and values still span the sequence; the embedding is the same).
+        projection_dim: optional int, a projection `W_p · p + b_p` after pooling.
+        projection_activation: optional activation of that projection (linear by default).
+        normalize: bool, L2-normalise the embedding (cosine similarity = dot product).
+        **kwargs: backbone arguments, or `name` / `dtype`.
+
+    Inputs: `{"token_ids", "padding_mask"}`, and `"segment_ids"` when the backbone takes
+    them. Outputs: float32 `[B, projection_dim or d]`.
+
+    Example:
+    >>> encoder = TextEncoder(vocabulary_size=100, num_layers=1, hidden_dim=16, num_heads=2,
+    ...                       intermediate_dim=32)
+    >>> encoder.similarity(batch_a, batch_b)  # cosine similarities [B]
+    """
+
+    def __init__(self, backbone=None, pooling="mean", projection_dim=None, normalize=True,
+                 projection_activation=None, name=None, dtype=None, trainable=True,
+                 **backbone_kwargs):
+        check_model_arguments(locals())
+        if projection_activation is not None:
+            projection_activation = keras.activations.serialize(
+                get_activation("projection_activation", projection_activation))
+        if projection_activation is not None and projection_dim is None:
+            raise ValueError("projection_activation needs a projection (projection_dim). "
+                             f"Received: projection_activation={projection_activation!r}, "
+                             "projection_dim=None")
+        backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs)
+        if backbone.causal:
+            raise ValueError("TextEncoder needs a non-causal backbone (causal=False).")
+
+        # Layers
+        self.backbone = backbone
+        self.pooling = Pooling(pooling, dtype=backbone.dtype_policy, name="pooling")
+        self.projection = None
+        if projection_dim is not None:
+            self.projection = keras.layers.Dense(
+                projection_dim, activation=projection_activation, dtype=backbone.dtype_policy,
+                name="projection"
+            )
+
+        # Functional model
+        inputs = token_inputs(segments=backbone.uses_segment_ids)
+        pooled = pooled_states(backbone, self.pooling, inputs)
+        if self.projection is not None:
+            pooled = self.projection(pooled)
+        embedding = ops.cast(pooled, "float32")
+        if normalize:
+            embedding = embedding / ops.maximum(
+                ops.sqrt(ops.sum(embedding * embedding, axis=-1, keepdims=True)), 1e-12
+            )
+        super().__init__(inputs=inputs, outputs=embedding, name=name, dtype=dtype,
+                         trainable=trainable)
+
+        # Config
+        record_config(self, locals(), attributes={"backbone": None, "pooling": "pooling_mode"})
+
+    @classmethod
+    def from_preset(cls, preset, **overrides):
+        """An untrained encoder with a named architecture, e.g. `"bert_base"`."""
+        return cls(**preset_config(preset, "text_encoder", **overrides))
+
+    def similarity(self, inputs_a, inputs_b):
+        """Cosine similarity of the embeddings of two batches, `[B]` (numpy)."""
+        a = ops.convert_to_numpy(self.predict_on_batch(inputs_a))
+        b = ops.convert_to_numpy(self.predict_on_batch(inputs_b))
+        return cosine_similarity(a, b)
+
+
+def cosine_similarity(a, b, axis=-1):
+    """`a·b / (|a| |b|)` along `axis`, with a floor on the norms."""
+    a, b = ops.cast(a, "float32"), ops.cast(b, "float32")
+    norm = ops.sqrt(ops.sum(a * a, axis=axis)) * ops.sqrt(ops.sum(b * b, axis=axis))
+    return ops.convert_to_numpy(ops.sum(a * b, axis=axis) / ops.maximum(norm, 1e-12))

@@ -1,0 +1,500 @@
+"""The base of the generating tasks: `generate` written once (survey §2.7, §6)."""
+
+import contextlib
+import functools
+import threading
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_xf.generation.compile import CompiledFunctions
+from keras_xf.generation.compile import GenerationVariables
+from keras_xf.generation.compile import compile_generate_function
+from keras_xf.generation.compile import trace_decoding_step
+from keras_xf.generation.compile import traced_run_loop
+from keras_xf.generation.compile import traces_whole_loop_body
+from keras_xf.generation.prompts import output_padding_mask
+from keras_xf.generation.prompts import pack_prompts
+from keras_xf.generation.sampling import SAMPLER_NAMES
+from keras_xf.generation.sampling import check_rule_sampler
+from keras_xf.generation.sampling import get_sampler
+from keras_xf.generation.sampling import sample_with_stop_rule
+from keras_xf.generation.sampling import stops_on_tensor
+from keras_xf.layers.heads.stop_classifier import StopClassifier
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
+from keras_xf.models.backbones.functional_model import FunctionalModel
+from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
+
+# The ids of the models whose training or evaluation step is running in this thread with a
+# `ChunkedCrossEntropy`: their forward pass stops at the hidden states. Per thread, since
+# TensorFlow's distribution strategies trace one replica per thread.
+_LOSS_PASS = threading.local()
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class GenerativeTask(FunctionalModel):
+    """A functional task that generates tokens `y_i ~ P(y_i | y_<i, c)` one at a time with a
+    cache, in one compiled loop (keras-hub's `CausalLM` base is the model).
+
+    The base owns `compile` (defaults: AdamW, sparse cross-entropy on logits, accuracy, and
+    the `sampler` of `generate`), `generate`, `generate_step`, the compiled loop and its cache
+    of compiled functions, samplers, stop tokens, prompt packing, the prefill and the traced
+    PyTorch step. `c` is what conditions the text: nothing (`CausalLM`), a source sequence
+    (`Seq2SeqLM`) or an image (`VisionLanguageLM`).
+
+    Decoding with the cache: `c` is encoded once; one parallel pass (the prefill) writes
+    `c` and the first `p - 1` prompt tokens into the cache, `p` the shortest prompt's length
+    rounded down to a power of two (1 when a decoder layer keeps a recurrent state, which
+    must see every token exactly once); then each step feeds the token at `i - 1` and
+    chooses the token at `i`, keeping prompt tokens. Without the cache each step reruns the
+    full forward pass over the fixed-width sequence: the reference the cached path equals.
+
+    A subclass supplies only these hooks:
+    - `prompt_keys`: the names of its prompt ids and mask (default `token_ids`,
+      `padding_mask`);
+    - `_generate_inputs(inputs, max_length)`: `(PackedPrompts, extras, unpack)`: the user's
+      inputs as packed prompts and a dict of numpy extra inputs (`encoder_token_ids`,
+      `images`, …), and a function giving results back in the user's structure;
+    - `_generation_context(**extras)`: `c` encoded (batch-major tensors, or `()`);
+    - `_init_generation_cache(batch_size, max_length, context)`: the empty cache;
+    - `_prefill(token_ids, cache, context)`: `(hidden [B, t, d] or None, cache)`, the cache
+      filled with `c` and the prompt tokens `token_ids [B, t]` (`None`: `c` alone);
+    - `_decode_token(token_ids, cache, cache_index)`: one token `[B, 1]` at `cache_index` to
+      `(logits [B, V], hidden [B, d], cache)`;
+    - `_uncached_hidden(token_ids, context)`: the full pass, `[B, L, d]`;
+    - `_output_embeddings`: the token embedding whose reverse gives the logits;
+    - `_generation_stack`: the decoder `TransformerStack` that the cache belongs to;
+    - `_training_hidden(inputs, training)` (optional): the hidden states `[B, T, d]` whose
+      logits are `_logits(hidden)`, the output embedding reversed and nothing more. A task
+      that has it can train with `ChunkedCrossEntropy`.
+
+    Args:
+        *args, **kwargs: the functional `keras.Model` arguments of the subclass.
+        pad_token_id: int, the id that pads prompts.
+    """
+
+    prompt_keys = ("token_ids", "padding_mask")
+
+    def __init__(self, *args, pad_token_id=0, **kwargs):
+        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)) or (
+            pad_token_id < 0
+        ):
+            raise ValueError(f"pad_token_id must be an int >= 0. Received: pad_token_id={pad_token_id!r}")
+        super().__init__(*args, **kwargs)
+        self.pad_token_id = int(pad_token_id)
+        self._set_sampler("greedy")
+
+    def compile(self, optimizer="auto", loss="auto", weighted_metrics="auto", sampler="greedy",
+                **kwargs):
+        """Keras `compile` with defaults: AdamW, sparse cross-entropy on logits, accuracy.
+
+        `sampler` (a keras-hub sampler or its name) is the default of `generate`.
+
+        `loss=ChunkedCrossEntropy(...)` (or `"chunked_cross_entropy"`) trains and evaluates
+        without the `[B, T, V]` logits: the forward pass of `fit` and `evaluate` stops at
+        the hidden states and the loss forms the logits chunk by chunk (see
+        `ChunkedCrossEntropy`); `predict`, `generate` and calls still give logits. Metrics
+        on the logits cannot be computed then: `weighted_metrics="auto"` becomes none, and
+        other metrics or `loss_weights` raise a `ValueError`.
+        """
+        if optimizer == "auto":
+            optimizer = keras.optimizers.AdamW(1e-3, weight_decay=0.01)
+        if isinstance(loss, str) and loss == "chunked_cross_entropy":
+            loss = ChunkedCrossEntropy()
+        if isinstance(loss, ChunkedCrossEntropy):
+            weighted_metrics = self._check_chunked_loss(weighted_metrics, **kwargs)
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        if weighted_metrics == "auto":
+            weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        self._set_sampler(sampler)
+        super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
+
+    def _check_chunked_loss(self, weighted_metrics, metrics=None, loss_weights=None, **kwargs):
+        """`weighted_metrics` for a `ChunkedCrossEntropy` (`"auto"`: none), or a ValueError."""
+        if not hasattr(self, "_training_hidden"):
+            raise ValueError(
+                "loss=ChunkedCrossEntropy needs a task whose logits are its output embedding "
+                "reversed (CausalLM). Received: loss=ChunkedCrossEntropy for "
+                f"{type(self).__name__}"
+            )
+        if isinstance(weighted_metrics, str) and weighted_metrics == "auto":
+            weighted_metrics = None
+        for name, value in (("metrics", metrics), ("weighted_metrics", weighted_metrics),
+                            ("loss_weights", loss_weights)):
+            if value is not None and not (isinstance(value, (list, tuple, dict)) and not value):
+                raise ValueError(
+                    f"{name} cannot be used with loss=ChunkedCrossEntropy: training never forms "
+                    "the logits that metrics read. Leave it out (fit reports the loss), or "
+                    "compile with a plain loss to compute metrics. Received: "
+                    f"{name}={value!r}"
+                )
+        return weighted_metrics
+
+    # Training without the logits (`ChunkedCrossEntropy`) ----------------------------------
+    @contextlib.contextmanager
+    def _loss_pass(self):
+        """Within this context (a `fit` or `evaluate` step) a model compiled with a
+        `ChunkedCrossEntropy` returns hidden states from `call` and computes its loss from
+        them. `train_step` and `test_step` enter it, so `predict` and plain calls are not
+        affected; it is a Python flag read while the step is traced or run."""
+        if not isinstance(getattr(self, "loss", None), ChunkedCrossEntropy):
+            yield
+            return
+        active = getattr(_LOSS_PASS, "models", frozenset())
+        _LOSS_PASS.models = active | {id(self)}
+        try:
+            yield
+        finally:
+            _LOSS_PASS.models = active
+
+    def _in_loss_pass(self):
+        return id(self) in getattr(_LOSS_PASS, "models", ())
+
+    def train_step(self, *args, **kwargs):
+        with self._loss_pass():
+            return super().train_step(*args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        with self._loss_pass():
+            return super().test_step(*args, **kwargs)
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        if self._in_loss_pass():
+            return self._training_hidden(inputs, training)
+        return super().call(inputs, training=training, mask=mask, **kwargs)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Keras' `compute_loss`; in a `ChunkedCrossEntropy` step `y_pred` holds the hidden
+        states, and the loss (its gradient formed with it when `training`) comes from them
+        and the output embedding, plus the model's added losses as Keras adds them."""
+        if not self._in_loss_pass():
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        losses = [self.loss.from_hidden(y, y_pred, self._output_table(), sample_weight,
+                                        with_gradient=bool(training))]
+        losses.extend(self._aggregate_additional_loss(loss) for loss in self.losses)
+        return losses[0] if len(losses) == 1 else ops.sum(ops.stack(losses))
+
+    def _set_sampler(self, sampler):
+        # A known name is resolved when first used: importing keras-hub takes seconds and
+        # hundreds of MB, which a model that never generates need not pay.
+        if not (isinstance(sampler, str) and sampler in SAMPLER_NAMES):
+            sampler = get_sampler(sampler)
+        self._sampler = sampler
+        # A default given by name shares its compiled functions with calls naming it.
+        self._default_sampler_key = sampler
+        self._generate_functions = CompiledFunctions()
+
+    @property
+    def sampler(self):
+        """The default keras-hub sampler of `generate` (set by `compile`; greedy)."""
+        if isinstance(self._sampler, str):
+            self._sampler = get_sampler(self._sampler)
+        return self._sampler
+
+    # Generation -----------------------------------------------------------------------
+    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
+                 use_cache=True, stop_classifier=None, stop_margin=0.0):
+        """Generates continuations of prompts with a cache, in one compiled loop.
+
+        Args:
+            inputs: the prompts, in the forms the task's docstring lists. Prompt ids come as
+                a dict with the ids and an optional padding mask (ids padded to the output
+                length, left or right), a padded 2-D array or a 1-D prompt (entries equal to
+                `pad_token_id` are padding), or a list of lists (ragged, every entry a
+                token): all give the same tokens.
+            max_length: the output length; defaults to a prompt dict's width, else the
+                model's `max_sequence_length`.
+            stop_token_ids: ids that end a row (generation stops when every row has one);
+                its mask ends after the first one generated.
+            sampler: a keras-hub sampler or its name; defaults to the one given to
+                `compile` (greedy). Calls with the same sampler (name, object or default),
+                stop ids and prefill length reuse one compiled function.
+            use_cache: bool; `False` reruns the full forward pass at every step (the
+                reference for the cached path, which gives the same tokens).
+            stop_classifier: optional `StopClassifier` `f_stop` (survey §5.6): after each
+                step it reads the top-layer state `s_i` of the newest generated token, and
+                the row ends at `i` (padding after it, as after a stop id) once
+                `Pr(stop|s_i) ≥ Pr(nonstop|s_i) + stop_margin`. Works with stop ids (a row
+                ends at whichever comes first) and every sampler but beam and contrastive
+                search.
+            stop_margin: float `θ_stop` in [-1, 1], the margin of that rule (equivalently
+                `Pr(stop|s_i) ≥ (1 + θ_stop) / 2`); only with `stop_classifier`.
+
+        Returns:
+            The prompts' structure: a dict with ids and mask (prompts left-aligned, the mask
+            covering prompt and generated tokens up to the stop token), an array
+            `[B, max_length]`, a 1-D array, or lists of ids.
+
+        Raises:
+            ValueError, naming the argument: for prompts or extra inputs of the wrong rank,
+                shape or batch size, empty prompts, prompts longer than `max_length`, stop ids
+                outside the vocabulary, an unknown sampler, a `stop_classifier` that is not a
+                `StopClassifier` of the model's width or a `stop_margin` outside [-1, 1].
+        """
+        if not isinstance(use_cache, bool):
+            raise ValueError(f"use_cache must be a bool. Received: use_cache={use_cache!r}")
+        stop_margin = self._check_stop_classifier(stop_classifier, stop_margin)
+        prompts, extras, unpack = self._generate_inputs(inputs, max_length)
+        batch_size = prompts.token_ids.shape[0]
+        for name, value in extras.items():
+            if value.shape[0] != batch_size:
+                raise ValueError(
+                    f"{name} and {self.prompt_keys[0]} need the same batch size. Received: "
+                    f"{name}.shape={value.shape} for {batch_size} prompts"
+                )
+        function = self.make_generate_function(
+            sampler, self._check_stop_token_ids(stop_token_ids), use_cache,
+            prompts.prefill_length if use_cache else None, stop_classifier, stop_margin,
+        )
+        ids_key, mask_key = self.prompt_keys
+        packed = {ids_key: prompts.token_ids, mask_key: prompts.padding_mask, **extras}
+        outputs = function({key: ops.convert_to_tensor(value) for key, value in packed.items()})
+        return unpack(outputs[ids_key], outputs[mask_key])
+
+    def make_generate_function(self, sampler=None, stop_token_ids=None, use_cache=True,
+                               prefill_length=None, stop_classifier=None, stop_margin=0.0):
+        """The compiled `generate_step` for these settings, made once and kept (reset by
+        `compile`): keyed by the sampler (its name, the object, or the compile default),
+        the stop ids, the cache flag, the prefill length, the stop classifier and margin."""
+        sampler_key = self._default_sampler_key if sampler is None else sampler
+        key = (sampler_key, stop_token_ids, use_cache, prefill_length)
+        if stop_classifier is not None:
+            key += (stop_classifier, stop_margin)
+        if key not in self._generate_functions:
+            resolved = self.sampler if sampler is None else get_sampler(sampler)
+            owner = self._loop_variables(stop_classifier)
+            if stop_classifier is not None:
+                check_rule_sampler(resolved)
+            if use_cache:
+                resolved = traced_run_loop(owner, resolved)
+
+            # A partial rather than a closure: TensorFlow counts traces per function code,
+            # so the closures of every model and setting would add up to a retracing warning.
+            step = functools.partial(self.generate_step, stop_token_ids=stop_token_ids,
+                                     sampler=resolved, use_cache=use_cache,
+                                     prefill_length=prefill_length,
+                                     stop_classifier=stop_classifier, stop_margin=stop_margin)
+            self._generate_functions[key] = compile_generate_function(owner, step, resolved)
+        return self._generate_functions[key]
+
+    def generate_step(self, inputs, stop_token_ids=None, sampler=None, use_cache=True,
+                      prefill_length=None, stop_classifier=None, stop_margin=0.0):
+        """A compilable generation of one packed batch.
+
+        Args:
+            inputs: a dict of tensors: the prompt ids and mask under `prompt_keys` (prompts
+                left-aligned, the mask marking them) and the task's extra inputs.
+            stop_token_ids: a tuple of ids, or `None`; or a 1-D int tensor, possibly empty
+                (exported generation: the loop checks it with `stops_on_tensor`).
+            sampler: a keras-hub sampler; defaults to the compile one.
+            use_cache: bool.
+            prefill_length: an int no larger than the shortest prompt: the loop starts
+                there, after a parallel pass over the tokens before it. `None`: the pass
+                covers the whole width and the loop starts at the shortest prompt (as
+                keras-hub does), except where a layer keeps a recurrent state (then 1). A
+                scalar int tensor (exported generation, where the prompts are inputs): the
+                pass covers the whole width and the loop starts there.
+            stop_classifier: optional built `StopClassifier`; with it a row also ends where
+                `stop_by_margin(Pr(stop|s_i), stop_margin)` holds at a generated position.
+            stop_margin: float, `θ_stop`.
+
+        Returns:
+            A dict with the ids and the output mask under `prompt_keys`.
+        """
+        sampler = self.sampler if sampler is None else sampler
+        ids_key, mask_key = self.prompt_keys
+        token_ids = inputs[ids_key]
+        padding_mask = ops.cast(inputs[mask_key], "bool")
+        extras = {key: value for key, value in inputs.items() if key not in self.prompt_keys}
+        batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        context = self._generation_context(**extras)
+        hidden = None
+        if use_cache:
+            cache = self._init_generation_cache(batch_size, max_length, context)
+            if prefill_length is None and self._has_recurrent_cache():
+                prefill_length = 1
+            if prefill_length is None or not isinstance(prefill_length, (int, np.integer)):
+                # Positions past the loop's start are written again by the loop.
+                hidden, cache = self._prefill(token_ids, cache, context)
+                if prefill_length is not None:
+                    index = ops.cast(prefill_length, "int32")
+            else:
+                # The loop's first step feeds the token at `prefill_length - 1`, so the pass
+                # fills the positions before it: every token enters the cache once.
+                filled = prefill_length - 1
+                prefix = ops.slice(token_ids, (0, 0), (batch_size, filled)) if filled else None
+                hidden, cache = self._prefill(prefix, cache, context)
+                width = self._output_embeddings.embedding_dim
+                if hidden is None:
+                    hidden = ops.zeros((batch_size, max_length, width),
+                                       self._generation_stack.compute_dtype)
+                else:
+                    # Samplers that read hidden states expect one per output position.
+                    hidden = ops.pad(hidden, ((0, 0), (0, max_length - filled), (0, 0)))
+                index = prefill_length
+            # A sampler whose whole loop body is traced needs no trace of the step inside it.
+            traced_body = traces_whole_loop_body(sampler)
+            next_logits = self._decode_step if traced_body else self._traced_decode_step
+        else:
+            # `c` travels as the loop state so that beam search repeats it with the rows.
+            cache = context
+            next_logits = self._uncached_step
+        tensor_stops = stop_token_ids is not None and not isinstance(stop_token_ids, tuple)
+        # With a stop classifier the rule's loop condition checks the stop ids itself.
+        loop_stops = None if tensor_stops or stop_classifier is not None else stop_token_ids
+        if tensor_stops and stop_classifier is None:
+            sampler = stops_on_tensor(sampler, stop_token_ids)
+        if loop_stops:
+            # The loop ends once every row holds a stop id past its prompt, so the positions
+            # still to generate must hold none: an id that is no stop id fills them.
+            filler = next((i for i in (self.pad_token_id, *range(len(stop_token_ids) + 1))
+                           if i not in stop_token_ids), self.pad_token_id)
+            token_ids = ops.where(padding_mask, token_ids, ops.cast(filler, token_ids.dtype))
+        arguments = dict(next=next_logits, prompt=token_ids, cache=cache, index=index,
+                         mask=padding_mask, hidden_states=hidden)
+        if stop_classifier is None:
+            token_ids = sampler(stop_token_ids=loop_stops, model=self, **arguments)
+        else:
+            token_ids, lengths = sample_with_stop_rule(
+                sampler, stop_probability=lambda state: stop_classifier.stop_probability(
+                    state[:, None, :])[:, 0],
+                margin=stop_margin, stop_token_ids=stop_token_ids,
+                model=self._loop_variables(stop_classifier), **arguments)
+        output_mask = output_padding_mask(token_ids, padding_mask, stop_token_ids)
+        if stop_classifier is not None:
+            output_mask = ops.logical_and(
+                output_mask, ops.arange(max_length)[None, :] < lengths[:, None])
+        if tensor_stops or stop_token_ids or stop_classifier is not None:
+            # Past its end (a stop id, or the rule) a row holds padding, whatever the other
+            # rows went on to do.
+            token_ids = ops.where(output_mask, token_ids, ops.cast(self.pad_token_id, token_ids.dtype))
+        return {ids_key: token_ids, mask_key: output_mask}
+
+    def _decode_step(self, prompt, cache, index):
+        """The cached step of the loop: feeds the token at `index - 1`; returns the logits
+        `[B, V]` for position `index`, its hidden state and the new cache."""
+        cache_index = index - 1
+        last = ops.slice(prompt, (0, cache_index), (ops.shape(prompt)[0], 1))
+        return self._decode_token(last, cache, cache_index)
+
+    @property
+    def _traced_decode_step(self):
+        # One per model (traces are kept per input shapes); reset by `compile`.
+        functions = self._generate_functions
+        if functions.decode_step is None:
+            functions.decode_step = trace_decoding_step(self, self._decode_step)
+        return functions.decode_step
+
+    def _uncached_step(self, prompt, context, index):
+        """The reference step: the full forward pass, read at position `index - 1`."""
+        hidden = ops.take(self._uncached_hidden(prompt, context), index - 1, axis=1)
+        return self._logits(hidden[:, None])[:, 0], hidden, context
+
+    def _logits(self, hidden):
+        """float32 logits `[B, T, V]` of hidden states `[B, T, d]`."""
+        return ops.cast(self._output_embeddings(hidden, reverse=True), "float32")
+
+    def _output_table(self):
+        """The output embedding as a `[V, d]` table `E` in the compute dtype, so that
+        `_logits(h) = float32(h · Eᵀ)`: the token embedding, or the separate output matrix
+        transposed when the weights are not tied."""
+        embedding = self._output_embeddings.token_embedding
+        if embedding.tie_weights:
+            return ops.cast(embedding.embeddings, embedding.compute_dtype)
+        return ops.transpose(ops.cast(embedding.reverse_embeddings, embedding.compute_dtype))
+
+    def _has_recurrent_cache(self):
+        """Whether a decoder layer keeps a recurrent state (`cache_is_recurrent = True`)
+        rather than a cache addressed by position, which may be written twice."""
+        return any(isinstance(layer, SequenceMixer) and layer.cache_is_recurrent
+                   for layer in self._generation_stack._flatten_layers())
+
+    def _prefill_cross_attention(self, cache, batch_size, **encoder_inputs):
+        """The cache of a cross-attending decoder with only the cross-attention keys and
+        values written: each layer's cache is `(own cache, cross-attention cache)`; one pad
+        token run at position 0 fills the cross parts, and the own parts are kept as they
+        were (a recurrent state must not see that token)."""
+        token = ops.full((batch_size, 1), self.pad_token_id, "int32")
+        _, _, filled = self.call_with_cache(token, cache, 0, **encoder_inputs)
+        return tuple((own, cross) for (own, _), (_, cross) in zip(cache, filled))
+
+    def _pack_prompts(self, prompts, max_length):
+        """The task's prompts packed to `max_length` (see `pack_prompts`)."""
+        return pack_prompts(
+            prompts,
+            max_length=max_length,
+            default_max_length=self._output_embeddings.max_sequence_length,
+            pad_token_id=self.pad_token_id,
+            keys=self.prompt_keys,
+        )
+
+    def _loop_variables(self, stop_classifier):
+        """What the compiled loop takes its variables from: the model, and the stop
+        classifier's weights beside it when there is one."""
+        return self if stop_classifier is None else GenerationVariables(self, stop_classifier)
+
+    def _check_stop_classifier(self, stop_classifier, stop_margin):
+        """`stop_margin` as a float, after checking both arguments (and building the
+        classifier, `_build_stop_classifier`)."""
+        margin_ok = isinstance(stop_margin, (int, float, np.floating)) and not isinstance(
+            stop_margin, bool) and -1.0 <= stop_margin <= 1.0
+        if not margin_ok:
+            raise ValueError(
+                "stop_margin must be a number in [-1, 1] (a difference of two probabilities). "
+                f"Received: stop_margin={stop_margin!r}"
+            )
+        if stop_classifier is None:
+            if stop_margin != 0.0:
+                raise ValueError(
+                    "stop_margin needs a stop_classifier. Received: stop_classifier=None, "
+                    f"stop_margin={stop_margin!r}"
+                )
+            return float(stop_margin)
+        self._build_stop_classifier(stop_classifier)
+        return float(stop_margin)
+
+    def _build_stop_classifier(self, stop_classifier):
+        """Checks that `stop_classifier` is a `StopClassifier` for the model's top-layer
+        states, building it for their width when it is not built yet."""
+        if not isinstance(stop_classifier, StopClassifier):
+            raise ValueError(
+                "stop_classifier must be a keras_xf.layers.StopClassifier. Received: "
+                f"stop_classifier={type(stop_classifier).__name__}"
+            )
+        width = self._output_embeddings.embedding_dim
+        if not stop_classifier.built:
+            stop_classifier.build((None, None, width))
+        if stop_classifier.input_dim != width:
+            raise ValueError(
+                f"stop_classifier must read states of the model's width {width}. Received: "
+                f"stop_classifier built for width {stop_classifier.input_dim}"
+            )
+        return stop_classifier
+
+    def _check_stop_token_ids(self, stop_token_ids):
+        """A tuple of ints inside the vocabulary, or `None` for none."""
+        if stop_token_ids is None:
+            return None
+        vocabulary = self._output_embeddings.vocabulary_size
+        values = stop_token_ids
+        if isinstance(values, (int, np.integer)) or not isinstance(values, (list, tuple, np.ndarray)):
+            values = [values]
+        ids = []
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
+                0 <= value < vocabulary
+            ):
+                raise ValueError(
+                    f"stop_token_ids must be ids in [0, {vocabulary}). Received: "
+                    f"stop_token_ids={stop_token_ids!r}"
+                )
+            ids.append(int(value))
+        return tuple(dict.fromkeys(ids)) or None
+
+    def get_config(self):
+        config = super().get_config()
+        config["pad_token_id"] = self.pad_token_id
+        return config
