@@ -40,8 +40,8 @@ def grow_depth(model, times):
     tree = serialized(model)
     depths = []
 
-    def deepen(class_name, config):
-        if class_name not in BACKBONES:
+    def deepen(cls, config):
+        if not (isinstance(cls, type) and issubclass(cls, BACKBONES)):
             return False
         depths.append(config["num_layers"])
         config["num_layers"] *= times

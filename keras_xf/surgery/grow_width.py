@@ -5,20 +5,29 @@ import numbers
 import keras
 import numpy as np
 
+from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
+from keras_xf.layers.feedforward.feed_forward import FeedForward
+from keras_xf.models.encoders.text_classifier import TextClassifier
 from keras_xf.surgery.growth import BACKBONES
 from keras_xf.surgery.growth import paired_weights
 from keras_xf.surgery.growth import rebuild
 from keras_xf.surgery.growth import rewrite
 from keras_xf.surgery.growth import serialized
 
-# Config entries multiplied by the factor, per serialised class.
-_WIDTHS = {
-    "TransformerBackbone": ("hidden_dim", "intermediate_dim", "num_heads", "num_key_value_heads"),
-    "Seq2SeqBackbone": ("hidden_dim", "intermediate_dim", "num_heads", "num_key_value_heads"),
-    "MultiHeadAttention": ("num_heads", "num_key_value_heads", "output_dim"),
-    "FeedForward": ("hidden_dim", "output_dim"),
-    "TextClassifier": ("head_intermediate_dim",),
-}
+# Config entries multiplied by the factor, per class (subclasses included).
+WIDTHS = (
+    (BACKBONES, ("hidden_dim", "intermediate_dim", "num_heads", "num_key_value_heads")),
+    (MultiHeadAttention, ("num_heads", "num_key_value_heads", "output_dim")),
+    (FeedForward, ("hidden_dim", "output_dim")),
+    (TextClassifier, ("head_intermediate_dim",)),
+)
+
+
+def width_arguments(cls):
+    """The config entries of `cls` that grow with the width."""
+    if not isinstance(cls, type):
+        return ()
+    return next((keys for kinds, keys in WIDTHS if issubclass(cls, kinds)), ())
 
 
 def _input_axes(path):
@@ -100,11 +109,11 @@ def grow_width(model, factor, rho=None):
         raise ValueError(f"rho must be a positive number. Received: rho={rho!r}")
     tree = serialized(model)
 
-    def widen(class_name, config):
-        keys = [k for k in _WIDTHS.get(class_name, ()) if isinstance(config.get(k), int)]
+    def widen(cls, config):
+        keys = [k for k in width_arguments(cls) if isinstance(config.get(k), int)]
         for key in keys:
             config[key] *= factor
-        return class_name in BACKBONES
+        return isinstance(cls, type) and issubclass(cls, BACKBONES)
 
     if not rewrite(tree, widen):
         raise ValueError(

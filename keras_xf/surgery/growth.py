@@ -1,10 +1,14 @@
 """Shared helpers of model growth: config rewriting and pairing of trained weights."""
 
+import importlib
 import re
 
 import keras
 
-BACKBONES = ("TransformerBackbone", "Seq2SeqBackbone")
+from keras_xf.models.backbones.seq2seq_backbone import Seq2SeqBackbone
+from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
+
+BACKBONES = (TransformerBackbone, Seq2SeqBackbone)
 
 _NUMBERED = re.compile(r"_\d+$")
 _BLOCK = re.compile(r"^block_(\d+)$")
@@ -18,13 +22,24 @@ def serialized(model):
     return {"class_name": config["class_name"], "config": config["config"]}
 
 
+def serialized_class(entry):
+    """The class of one serialised object (`{"class_name", "config", "module",
+    "registered_name"}`): the registered keras_xf class, else the class its module names;
+    `None` for an entry that names neither."""
+    registered = entry.get("registered_name")
+    cls = keras.saving.get_registered_object(registered) if registered else None
+    if cls is None and entry.get("module"):
+        cls = getattr(importlib.import_module(entry["module"]), entry["class_name"], None)
+    return cls
+
+
 def rewrite(tree, edit):
-    """Calls `edit(class_name, config)` on every serialised object of `tree`, depth first;
-    returns how many objects `edit` reported as changed."""
+    """Calls `edit(cls, config)` on every serialised object of `tree` (`cls` its class, see
+    `serialized_class`), depth first; returns how many objects `edit` reported as changed."""
     changed = 0
     if isinstance(tree, dict):
         if "class_name" in tree and isinstance(tree.get("config"), dict):
-            changed += bool(edit(tree["class_name"], tree["config"]))
+            changed += bool(edit(serialized_class(tree), tree["config"]))
         for value in tree.values():
             changed += rewrite(value, edit)
     elif isinstance(tree, (list, tuple)):

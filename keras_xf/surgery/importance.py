@@ -5,47 +5,13 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
-from keras_xf.layers.blocks.transformer_stack import TransformerStack
-from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.surgery.layer_pruning import prune_layers
-from keras_xf.surgery.layer_pruning import transformer_backbone_of
+from keras_xf.surgery.prunable_parts import prunable_attention
+from keras_xf.surgery.prunable_parts import prunable_feedforward
+from keras_xf.surgery.prunable_parts import pruning_stack
 from keras_xf.ops.backend_specific import vjp
 
 METHODS = ("gradient", "magnitude")
-
-
-def pruning_stack(model):
-    """The `TransformerStack` of `model` (a `TransformerBackbone` or a task holding one as
-    `model.backbone`), whose heads, units and layers structured pruning scores and removes."""
-    backbone = transformer_backbone_of(model)
-    stack = backbone.transformer_stack
-    if not isinstance(stack, TransformerStack):
-        raise ValueError(
-            "structured pruning needs a TransformerStack (not a reversible stack). Received: "
-            f"{type(stack).__name__}"
-        )
-    return stack
-
-
-def _sublayer(block, index, attribute, kind, purpose, note=""):
-    """`block.<attribute>` (of layer `index`), which `purpose` needs to be exactly a `kind`."""
-    layer = getattr(block, attribute)
-    if type(layer) is not kind:
-        raise ValueError(
-            f"{purpose} need {kind.__name__} {attribute}s{note}. Received: layer {index} with "
-            f"{attribute}={type(layer).__name__}"
-        )
-    return layer
-
-
-def _attention(block, index):
-    return _sublayer(block, index, "mixer", MultiHeadAttention, "head scores and head pruning")
-
-
-def _feedforward(block, index):
-    return _sublayer(block, index, "feedforward", FeedForward, "unit scores and unit pruning",
-                     " (not mixtures of experts)")
 
 
 def _loss_function(model, loss):
@@ -161,8 +127,8 @@ def importance_scores(model, x=None, y=None, method="gradient", loss=None, sampl
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
     stack = pruning_stack(model)
-    mixers = [_attention(block, index) for index, block in enumerate(stack.blocks)]
-    feedforwards = [_feedforward(block, index) for index, block in enumerate(stack.blocks)]
+    mixers = [prunable_attention(block, index) for index, block in enumerate(stack.blocks)]
+    feedforwards = [prunable_feedforward(block, index) for index, block in enumerate(stack.blocks)]
     if method == "magnitude":
         return {"heads": [_head_magnitude(m) for m in mixers],
                 "units": [_unit_magnitude(f) for f in feedforwards]}

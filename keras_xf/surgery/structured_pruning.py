@@ -3,9 +3,9 @@
 from keras import ops
 
 from keras_xf.layers.cloning import serialize_layer
-from keras_xf.surgery.importance import _attention
-from keras_xf.surgery.importance import _feedforward
-from keras_xf.surgery.importance import pruning_stack
+from keras_xf.surgery.prunable_parts import prunable_attention
+from keras_xf.surgery.prunable_parts import prunable_feedforward
+from keras_xf.surgery.prunable_parts import pruning_stack
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
 
 
@@ -152,14 +152,14 @@ def prune_structure(model, heads=None, units=None):
         config = serialize_layer(block)
         inner = dict(config["config"])
         if heads[index] is not None:
-            mixer = _attention(block, index)
+            mixer = prunable_attention(block, index)
             kept = _kept("heads", heads[index], mixer.num_heads, index)
             serialized = dict(inner["mixer"])
             serialized["config"] = dict(serialized["config"],
                                         **_attention_plan(mixer, kept, index, slicers))
             inner["mixer"] = serialized
         if units[index] is not None:
-            feedforward = _feedforward(block, index)
+            feedforward = prunable_feedforward(block, index)
             kept = _kept("units", units[index], feedforward.hidden_dim, index)
             _check_plain([d for d in (feedforward.hidden_dense, feedforward.gate_dense,
                                       feedforward.output_dense) if d is not None], index)

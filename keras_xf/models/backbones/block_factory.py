@@ -68,26 +68,26 @@ def prepare_block(block, position, cross_attention=False):
         return [prepare_block(b, position, cross_attention) for b in block]
     block = clone_layer(serialize_template(block))  # a fresh, unbuilt copy
     config = serialize_layer(block)["config"]
-    mixer = config["mixer"]
-    if position == "rotary" and mixer["class_name"] == "MultiHeadAttention":
-        own = mixer["config"].get("position")
+    attention = isinstance(block.mixer, MultiHeadAttention)
+    if position == "rotary" and attention:
+        own = block.mixer.position
         # A template's own RotaryEmbedding (its base, its scaling) is kept as given.
         if own is None:
-            mixer = dict(mixer)
+            mixer = dict(config["mixer"])
             mixer["config"] = dict(mixer["config"], position=keras.saving.serialize_keras_object(
                 RotaryEmbedding()))
             config["mixer"] = mixer
-        elif own.get("class_name") != "RotaryEmbedding":
+        elif not isinstance(own, RotaryEmbedding):
             raise ValueError(
                 'position="rotary" puts RoPE into the attention of the block template, whose '
-                f"attention already has position={own.get('class_name')}. Pass "
+                f"attention already has position={type(own).__name__}. Pass "
                 'position="none" to keep the template\'s own position hook.'
             )
-    if cross_attention and config.get("cross_attention") is None:
-        if config["mixer"]["class_name"] != "MultiHeadAttention":
+    if cross_attention and block.cross_attention is None:
+        if not attention:
             raise ValueError(
                 "A decoder block needs cross_attention; the template's mixer is "
-                f"{config['mixer']['class_name']}. Pass a block with cross_attention set."
+                f"{type(block.mixer).__name__}. Pass a block with cross_attention set."
             )
         cross = dict(config["mixer"])
         # The self-attention hooks (positions, relative biases, priors, fields) relate query
@@ -96,7 +96,7 @@ def prepare_block(block, position, cross_attention=False):
         cross["config"] = dict(cross["config"], position=None, biases=[], multiplier=None,
                                pattern=None, causal=False, name="cross_attention")
         config["cross_attention"] = cross
-    if not cross_attention and config.get("cross_attention") is not None:
+    if not cross_attention and block.cross_attention is not None:
         raise ValueError("An encoder or decoder-only block cannot have cross_attention.")
     return block.__class__.from_config(config)
 
