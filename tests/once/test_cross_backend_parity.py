@@ -7,8 +7,8 @@ attention and a GELU feedforward, tied logits), loads every weight from
 weights. This test runs the worker once per backend, each in its own subprocess (a process
 holds one Keras backend), and compares the backends pairwise in float32 at `rtol=1e-4`.
 
-The test does not depend on the backend running the suite: under `make test` it runs once
-per backend, each time checking all three.
+The test does not depend on the backend running the suite: `make test` runs it once
+(`tests/once/`), and it checks all three.
 """
 
 import itertools
@@ -21,7 +21,7 @@ import pytest
 
 from tests.session_cache import shared_once
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO_ROOT, "tests", "parity_worker.py")
 BACKENDS = ("tensorflow", "jax", "torch")
 TIMEOUT_S = 240

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "keras_xf"
 SOURCES = sorted(LIBRARY.rglob("*.py"))
 MAX_LINES = 500
