@@ -29,6 +29,17 @@ the package is missing):
   whatever else runs on it; on a CPU a small model's step is short enough that the loop's
   per-layer branches weigh as much as the layers they skip.
 
+Results with the defaults on JAX (`benchmarks/results/early_exit_lm_jax.json`,
+`docs/images/early_exit_lm.png`; a 4-layer character LM whose exits share the tied output
+layer): teacher-forced, the criteria sit on or just above the fixed-depth curve (patience 2
+reaches the full-depth accuracy to 0.001 at 3.3 layers a position). In greedy generation an
+early difference changes the rest of the text, so agreement with full depth falls faster than
+accuracy does (maximum probability 0.5: 2.5 layers a token, 93 % of the tokens equal). Time
+per token at batch 1: full depth 0.097 ms, the adaptive loop with no exit 0.107 ms (its
+per-layer branches cost 10 %), 0.083–0.088 ms at 2.3–2.5 layers (patience 1, maximum
+probability 0.5), 1.10–1.17× faster than full depth: at this size the skipped layers save
+little more than the branches cost.
+
 The results go to a JSON file (`--results`) and a two-panel PNG (`--output`).
 
     KERAS_BACKEND=jax python examples/early_exit_lm.py     # docs/images/early_exit_lm.png

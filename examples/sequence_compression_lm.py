@@ -10,6 +10,14 @@ trains for the same steps on the same batches; printed: held-out loss (bits per 
 and forward and training-step throughput measured side by side (indicative: on a shared machine
 they move with the load), written to a JSON file.
 
+Results with the defaults on JAX (`benchmarks/results/sequence_compression_lm_jax.json`: 4
+pre-norm layers of width 128, sequence 256, `CompressedStack((1, 2, 1))` at stride 2 and 4, 600
+steps): the compressed models train 1.27× and 1.53× as many tokens a second and run forward
+1.31× and 1.39× as fast as the plain stack, and at this short training reach a lower held-out
+loss (2.93 and 3.11 bits per byte against 3.47). The convolution adds a local mixing step and
+4–8 % weights, so the loss comparison says the compression costs nothing here, not that it
+helps in general.
+
     KERAS_BACKEND=jax python examples/sequence_compression_lm.py
     python examples/sequence_compression_lm.py --strides 2 --steps 2 --batch-size 4 \\
         --sequence-length 16 --hidden-dim 16 --num-heads 2 --eval-examples 8 \\

@@ -295,7 +295,7 @@ def _compiled_loop_body(model, inputs, prefill_length):
 @pytest.mark.skipif(keras.config.backend() != "jax",
                     reason="reads the HLO that XLA compiles from jax.jit")
 def test_the_decoding_loop_writes_the_cache_in_place(lm):
-    # The head-major cache (docs/design.md, "KV cache layout") is written in place and read
+    # The head-major cache (docs/design.md, "Caches") is written in place and read
     # as it is: the compiled loop holds no copy of a cache buffer. At batch 1 XLA:CPU copies
     # the key buffers (the products read the cache through a reshape that drops the size-1
     # batch; see there), so the property is checked at the batch of PROMPTS.
