@@ -120,8 +120,10 @@ TINY_RUNS = {
     "deep_post_norm.py": (
         ["--depths", "2", "--steps", "2", "--log-every", "1", "--max-characters", "5000",
          "--sequence-length", "8", "--batch-size", "4", "--hidden-dim", "8",
-         "--output", "{tmp}/curves.png"],
-        ["2 layers, post:", "2 layers, deep_norm:", "validation loss", "wrote"],
+         "--warmup-steps", "1", "--valid-sequences", "4", "--output", "{tmp}/curves.png",
+         "--results", "{tmp}/curves.json"],
+        ["2 layers, post:", "2 layers, deep_norm:", "2 layers, pre:", "validation loss",
+         "wrote"],
     ),
     "structured_pruning.py": (
         ["--steps", "2", "--finetune-steps", "1", "--batch-size", "4", "--length", "16",
