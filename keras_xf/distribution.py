@@ -23,6 +23,7 @@ from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.embeddings.learned_position_embedding import LearnedPositionEmbedding
 from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
 from keras_xf.layers.feedforward.feed_forward import FeedForward
+from keras_xf.ops.keras_internals import sublayers
 
 EMBEDDING_MODES = ("vocabulary", "width", None)
 EXPERT_PREFIX = "expert_"
@@ -32,18 +33,6 @@ _SUFFIX = re.compile(r"^(.*?)(_\d+)?$")
 
 def _axis_size(device_mesh, axis):
     return device_mesh.shape[list(device_mesh.axis_names).index(axis)]
-
-
-def _children(layer):
-    return layer._flatten_layers(include_self=False, recursive=False)
-
-
-def _all_layers(model):
-    return model._flatten_layers(include_self=True, recursive=True)
-
-
-def _own_variables(layer):
-    return list(layer._trainable_variables) + list(layer._non_trainable_variables)
 
 
 def _attention_rules(layer, model_axis, sizes):
@@ -92,10 +81,10 @@ def _embedding_rules(layer, model_axis, embedding):
     return rules
 
 
-def _expert_rules(layer, expert_axis):
+def _expert_rules(model, expert_axis):
     """Variables named `expert_*` hold one slice per expert on their leading axis."""
     rules = {}
-    for variable in _own_variables(layer):
+    for variable in model.variables:
         if variable.name.startswith(EXPERT_PREFIX) and len(variable.shape) >= 1:
             rules[id(variable)] = (expert_axis,) + (None,) * (len(variable.shape) - 1)
     return rules
@@ -157,14 +146,14 @@ def variable_axes(model, device_mesh, model_axis="model", expert_axis=None,
         expert_axis = "expert" if "expert" in device_mesh.axis_names else model_axis
     sizes = {axis: _axis_size(device_mesh, axis) for axis in device_mesh.axis_names}
     rules = {}
-    for layer in _all_layers(model):
+    for layer in sublayers(model, include_self=True):
         if isinstance(layer, MultiHeadAttention):
             rules.update(_attention_rules(layer, model_axis, sizes))
         elif isinstance(layer, FeedForward):
             rules.update(_feedforward_rules(layer, model_axis))
         elif isinstance(layer, (TokenEmbedding, LearnedPositionEmbedding)):
             rules.update(_embedding_rules(layer, model_axis, embedding))
-        rules.update(_expert_rules(layer, expert_axis))
+    rules.update(_expert_rules(model, expert_axis))
     axes = {}
     for variable in model.variables:
         if id(variable) in rules:

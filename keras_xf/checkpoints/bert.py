@@ -161,7 +161,7 @@ def _fits(backbone):
         and mha.head_dim in (None, backbone.hidden_dim // mha.num_heads)
         and type(ffn) is FeedForward and ffn.use_bias and ffn.activation in parts.HF_ACTIVATIONS
         and ffn.output_dim in (None, backbone.hidden_dim)
-        and len(stack._templates()) == 1 and stack.share_attention_maps == 1
+        and parts.has_one_template(stack) and stack.share_attention_maps == 1
     )
 
 

@@ -153,7 +153,7 @@ def hf_config(model):
         and mha.num_key_value_heads == mha.num_heads
         and mha.head_dim in (None, width // mha.num_heads) and width % mha.num_heads == 0
         and ffn.activation == "gelu_tanh" and ffn.use_bias and ffn.hidden_dim == 4 * width
-        and len(stack._templates()) == 1
+        and parts.has_one_template(stack)
     )
     if not fits:
         raise ValueError(

@@ -72,6 +72,14 @@ def is_plain_attention(mha, position=False, pattern=False, biases=False):
     )
 
 
+def has_one_template(stack):
+    """`stack` (a `TransformerStack`) repeats one block template: not a hybrid of several,
+    whose layers a family's one tensor map per layer cannot describe. Read from the stack's
+    config, whose `block` is the template or the list of them."""
+    templates = stack.get_config()["block"]
+    return not isinstance(templates, list) or len(templates) == 1
+
+
 def output_projection(backbone, ignored):
     """`lm_head.weight` `[V, d]` ↔ the untied output projection `[d, V]`; with tied
     embeddings there is nothing to load and the tensor, when a writer kept it, is added to

@@ -2,18 +2,21 @@
 value: loading never holds a randomly initialised copy of the weights beside the checkpoint's.
 
 Keras defers the initialisation of variables created inside a `keras.StatelessScope`: such a
-variable keeps its initializer and no value until `_deferred_initialize()` runs it. The
-loader builds its model that way (`built_without_values`), gives every checkpoint variable an
-initializer that returns the tensor just read (`fill`), and initialises the variables that no
-tensor fills (random seeds, anything a family leaves at its default) as Keras would on leaving
-the scope (`initialize_unfilled`). Keras has no public call for the last two steps; they use
-the same private hooks as `keras.StatelessScope.__exit__`.
+variable keeps its initializer and no value until Keras initialises it. The loader builds its
+model that way (`built_without_values`), gives every checkpoint variable the tensor just read
+as its first value (`fill`), and initialises the variables that no tensor fills (random seeds,
+anything a family leaves at its default) as Keras would on leaving the scope
+(`initialize_unfilled`). Keras has no public call for the last two steps: they go through
+`keras_xf.ops.keras_internals`.
 """
 
 import contextlib
 
 import keras
-from keras.src.backend.common import global_state
+
+from keras_xf.ops.keras_internals import holds_value
+from keras_xf.ops.keras_internals import initialize_deferred
+from keras_xf.ops.keras_internals import take_deferred_variables
 
 
 @contextlib.contextmanager
@@ -24,7 +27,7 @@ def built_without_values():
 
 
 def is_unfilled(variable):
-    return getattr(variable, "_value", None) is None
+    return not holds_value(variable)
 
 
 def fill(variable, value):
@@ -33,15 +36,12 @@ def fill(variable, value):
     if not is_unfilled(variable):
         variable.assign(value)
         return
-    variable._initializer = lambda shape, dtype=None: value
-    variable._deferred_initialize()
+    initialize_deferred(variable, value)
 
 
 def initialize_unfilled():
     """Initialises every deferred variable that `fill` did not reach, with its own
     initializer, and empties Keras' list of deferred variables."""
-    pending = global_state.get_global_attribute("uninitialized_variables") or []
-    global_state.set_global_attribute("uninitialized_variables", [])
-    for variable in pending:
+    for variable in take_deferred_variables():
         if is_unfilled(variable):
-            variable._deferred_initialize()
+            initialize_deferred(variable)

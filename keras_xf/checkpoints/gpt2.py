@@ -110,7 +110,7 @@ def hf_config(model):
         and mha.head_dim in (None, backbone.hidden_dim // mha.num_heads)
         and ffn.activation in parts.HF_ACTIVATIONS and not backbone.embedding_scale
         and backbone.embedding_normalization is None
-        and len(stack._templates()) == 1
+        and parts.has_one_template(stack)
     )
     if not fits:
         raise ValueError("GPT-2 needs pre-norm LayerNorm blocks of plain multi-head attention "

@@ -3,14 +3,19 @@
 Both paths end in the family's `build` and `tensor_map`, so the name, shape and "nothing
 left unused" checks of `from_huggingface` apply:
 - GPT-2, Llama 3, Mistral, Qwen, Gemma: keras-hub writes the backbone as a Hugging Face
-  folder with its own exporter (`keras_hub.src.utils.transformers.export`), into a temporary
-  folder that `from_huggingface` reads.
+  folder with its own exporter (`keras_xf.ops.keras_internals.export_keras_hub_backbone`),
+  into a temporary folder that `from_huggingface` reads.
 - BERT, RoBERTa (and XLM-RoBERTa), ViT, BLOOM, Mixtral, which that exporter does not cover:
   the backbone's weights are named here as the family's Hugging Face checkpoint, in memory
   (an `ArrayCheckpoint` of NumPy arrays and a config dict). Each map is the inverse of
   keras-hub's own Hugging Face → keras-hub converter
   (`keras_hub/src/utils/transformers/convert_{bert,roberta,vit,mixtral}.py`); BLOOM, which
   has none, follows `BloomBackbone`'s layers and `transformers`' `BloomModel`.
+
+The sub-layers of keras-hub's transformer layers are private attributes; their weights are
+found by their variable paths instead (`transformer_layer_0/self_attention_layer/query/kernel`),
+which keras-hub's layer names fix: `_named` looks a weight up by the end of its path, so Keras'
+automatic numbering of an unnamed sub-layer (`mixtral_sparse_moe_block_3`) does not matter.
 """
 
 import tempfile
@@ -21,6 +26,8 @@ import numpy as np
 from keras_xf.checkpoints.convert import from_huggingface
 from keras_xf.checkpoints.convert import load_checkpoint
 from keras_xf.checkpoints.tensor_map import ArrayCheckpoint
+from keras_xf.ops.keras_internals import export_keras_hub_backbone
+from keras_xf.ops.keras_internals import keras_hub_exported_backbones
 
 # keras-hub's RoBERTa drops the first `pad_token_id + 1 = 2` rows of `transformers`' position
 # table (`convert_roberta._POSITION_OFFSET`): its positions count from 0.
@@ -38,10 +45,41 @@ def _weight(variable, input_axes=1):
     return kernel.reshape(int(np.prod(kernel.shape[:input_axes])), -1).T
 
 
+def _named(layer, name):
+    """The weight of the keras-hub `layer` whose variable path ends in `/name`, or `None`
+    when it has none (a layer without biases)."""
+    found = [v for v in layer.weights if v.path == name or v.path.endswith(f"/{name}")]
+    if len(found) > 1:
+        raise ValueError(f"{len(found)} weights of the keras-hub layer {layer.name!r} end in "
+                         f"{name!r}: {[v.path for v in found]}")
+    return found[0] if found else None
+
+
+def _weight_named(layer, name):
+    """`_named`, for a weight every layer of its kind has."""
+    variable = _named(layer, name)
+    if variable is None:
+        raise ValueError(f"The keras-hub layer {layer.name!r} has no weight named {name!r}; "
+                         f"its weights: {[v.path for v in layer.weights]}")
+    return variable
+
+
+def _linear(tensors, prefix, kernel, bias=None, input_axes=1):
+    tensors[f"{prefix}.weight"] = _weight(kernel, input_axes)
+    if bias is not None:
+        tensors[f"{prefix}.bias"] = _array(bias).reshape(-1)
+
+
 def _dense(tensors, prefix, layer, input_axes=1):
-    tensors[f"{prefix}.weight"] = _weight(layer.kernel, input_axes)
-    if getattr(layer, "bias", None) is not None:
-        tensors[f"{prefix}.bias"] = _array(layer.bias).reshape(-1)
+    """A Keras `Dense` or `EinsumDense` layer → a `torch.nn.Linear`."""
+    _linear(tensors, prefix, layer.kernel, layer.bias, input_axes)
+
+
+def _dense_named(tensors, prefix, layer, name, input_axes=1):
+    """The `Dense` or `EinsumDense` sub-layer `name` of a keras-hub `layer` (its
+    `{name}/kernel` and `{name}/bias`) → a `torch.nn.Linear`."""
+    _linear(tensors, prefix, _weight_named(layer, f"{name}/kernel"),
+            _named(layer, f"{name}/bias"), input_axes)
 
 
 def _layer_norm(tensors, prefix, layer):
@@ -49,22 +87,29 @@ def _layer_norm(tensors, prefix, layer):
     tensors[f"{prefix}.bias"] = _array(layer.beta)
 
 
+def _layer_norm_named(tensors, prefix, layer, name):
+    """The `LayerNormalization` sub-layer `name` of a keras-hub `layer`."""
+    tensors[f"{prefix}.weight"] = _array(_weight_named(layer, f"{name}/gamma"))
+    tensors[f"{prefix}.bias"] = _array(_weight_named(layer, f"{name}/beta"))
+
+
 def _encoder_layers(tensors, backbone):
     """keras-hub's post-norm `TransformerEncoder`s → `encoder.layer.{i}` of a `BertModel`
     (`convert_bert.convert_weights`, inverted)."""
     for index, layer in enumerate(backbone.transformer_layers):
         prefix = f"encoder.layer.{index}"
-        attention = layer._self_attention_layer
-        for name, dense in (("self.query", attention.query_dense),
-                            ("self.key", attention.key_dense),
-                            ("self.value", attention.value_dense)):
-            _dense(tensors, f"{prefix}.attention.{name}", dense)
-        _dense(tensors, f"{prefix}.attention.output.dense", attention.output_dense, 2)
-        _layer_norm(tensors, f"{prefix}.attention.output.LayerNorm",
-                    layer._self_attention_layer_norm)
-        _dense(tensors, f"{prefix}.intermediate.dense", layer._feedforward_intermediate_dense)
-        _dense(tensors, f"{prefix}.output.dense", layer._feedforward_output_dense)
-        _layer_norm(tensors, f"{prefix}.output.LayerNorm", layer._feedforward_layer_norm)
+        for name in ("query", "key", "value"):
+            _dense_named(tensors, f"{prefix}.attention.self.{name}", layer,
+                         f"self_attention_layer/{name}")
+        _dense_named(tensors, f"{prefix}.attention.output.dense", layer,
+                     "self_attention_layer/attention_output", 2)
+        _layer_norm_named(tensors, f"{prefix}.attention.output.LayerNorm", layer,
+                          "self_attention_layer_norm")
+        _dense_named(tensors, f"{prefix}.intermediate.dense", layer,
+                     "feedforward_intermediate_dense")
+        _dense_named(tensors, f"{prefix}.output.dense", layer, "feedforward_output_dense")
+        _layer_norm_named(tensors, f"{prefix}.output.LayerNorm", layer,
+                          "feedforward_layer_norm")
 
 
 def _encoder_config(backbone, activation):
@@ -188,18 +233,20 @@ def _bloom(backbone):
                 backbone.embeddings_layer_norm)
     for index, layer in enumerate(backbone.transformer_layers):
         prefix = f"transformer.h.{index}"
-        attention = layer._self_attention_layer
-        parts = (attention._query_dense, attention._key_dense, attention._value_dense)
-        kernel = np.stack([_array(p.kernel) for p in parts], axis=2)  # [d, H, 3, Dh]
-        bias = np.stack([_array(p.bias) for p in parts], axis=1)  # [H, 3, Dh]
+        parts = [f"self_attention/{name}_dense" for name in ("query", "key", "value")]
+        kernel = np.stack([_array(_weight_named(layer, f"{p}/kernel")) for p in parts],
+                          axis=2)  # [d, H, 3, Dh]
+        bias = np.stack([_array(_weight_named(layer, f"{p}/bias")) for p in parts],
+                        axis=1)  # [H, 3, Dh]
         tensors[f"{prefix}.self_attention.query_key_value.weight"] = kernel.reshape(width, -1).T
         tensors[f"{prefix}.self_attention.query_key_value.bias"] = bias.reshape(-1)
-        _dense(tensors, f"{prefix}.self_attention.dense", attention._output_dense)
-        _layer_norm(tensors, f"{prefix}.input_layernorm", layer._pre_attention_layernorm)
-        _layer_norm(tensors, f"{prefix}.post_attention_layernorm",
-                    layer._post_attention_layernorm)
-        _dense(tensors, f"{prefix}.mlp.dense_h_to_4h", layer._mlp_intermediate_dense)
-        _dense(tensors, f"{prefix}.mlp.dense_4h_to_h", layer._mlp_output_dense)
+        _dense_named(tensors, f"{prefix}.self_attention.dense", layer,
+                     "self_attention/output_dense")
+        _layer_norm_named(tensors, f"{prefix}.input_layernorm", layer, "pre_attention_layernorm")
+        _layer_norm_named(tensors, f"{prefix}.post_attention_layernorm", layer,
+                          "post_attention_layernorm")
+        _dense_named(tensors, f"{prefix}.mlp.dense_h_to_4h", layer, "mlp_intermediate_dense")
+        _dense_named(tensors, f"{prefix}.mlp.dense_4h_to_h", layer, "mlp_output_dense")
     _layer_norm(tensors, "transformer.ln_f", backbone.layer_norm)
     config = {
         "architectures": ["BloomForCausalLM"], "model_type": "bloom",
@@ -222,23 +269,20 @@ def _mixtral(backbone):
                "lm_head.weight": _array(embedding.reverse_embeddings).T}
     for index, layer in enumerate(backbone.transformer_layers):
         prefix = f"model.layers.{index}"
-        attention = layer._self_attention_layer
-        for name, dense in (("q_proj", attention.query_dense), ("k_proj", attention.key_dense),
-                            ("v_proj", attention.value_dense)):
-            _dense(tensors, f"{prefix}.self_attn.{name}", dense)
-        _dense(tensors, f"{prefix}.self_attn.o_proj", attention.output_dense, 2)
+        for name, keras_name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+            _dense_named(tensors, f"{prefix}.self_attn.{name}", layer,
+                         f"self_attention/{keras_name}")
+        _dense_named(tensors, f"{prefix}.self_attn.o_proj", layer,
+                     "self_attention/attention_output", 2)
         tensors[f"{prefix}.input_layernorm.weight"] = _array(
-            layer._self_attention_layernorm.scale)
+            _weight_named(layer, "self_attention_layernorm/scale"))
         tensors[f"{prefix}.post_attention_layernorm.weight"] = _array(
-            layer._feedforward_layernorm.scale)
-        moe = layer._sparse_moe_block
+            _weight_named(layer, "feedforward_layernorm/scale"))
         moe_prefix = f"{prefix}.block_sparse_moe"
-        _dense(tensors, f"{moe_prefix}.gate", moe._sparse_feedforward_gate_dense)
-        bank = moe.expert_bank
-        for weight, variable in (("w1", bank._expert_feedforward_gate_dense),
-                                 ("w3", bank._expert_feedforward_intermediate_dense),
-                                 ("w2", bank._expert_feedforward_output_dense)):
-            for expert, kernel in enumerate(_array(variable)):  # [in, out] each
+        _dense_named(tensors, f"{moe_prefix}.gate", layer, "sparse_feedforward_gate_dense")
+        for weight, name in (("w1", "gate"), ("w3", "intermediate"), ("w2", "output")):
+            bank = _weight_named(layer, f"experts/expert_feedforward_{name}_dense")
+            for expert, kernel in enumerate(_array(bank)):  # [in, out] each
                 tensors[f"{moe_prefix}.experts.{expert}.{weight}.weight"] = kernel.T
     tensors["model.norm.weight"] = _array(backbone.layer_norm.scale)
     rope = {"rope_type": "default", "rope_theta": float(backbone.rope_max_wavelength)}
@@ -302,20 +346,19 @@ def from_keras_hub(backbone, dtype=None):
     >>> encoder = from_keras_hub(backbone)  # doctest: +SKIP
     """
     try:
-        from keras_hub.src.utils.transformers.export.hf_exporter import MODEL_CONFIGS
-        from keras_hub.src.utils.transformers.export.hf_exporter import export_backbone
+        exported = keras_hub_exported_backbones()
     except ImportError:
         raise ImportError("Converting keras-hub backbones needs keras-hub with its Hugging "
                           "Face exporter: pip install 'keras-hub>=0.20'") from None
     name = type(backbone).__name__
-    if name in MODEL_CONFIGS:
+    if name in exported:
         with tempfile.TemporaryDirectory() as directory:
-            export_backbone(backbone, directory, include_lm_head=True)
+            export_keras_hub_backbone(backbone, directory)
             return from_huggingface(directory, dtype=dtype)
     converters = _converters()
     convert = next((f for cls, f in converters.items() if isinstance(backbone, cls)), None)
     if convert is None:
-        known = sorted(set(MODEL_CONFIGS) | {cls.__name__ for cls in converters})
+        known = sorted(set(exported) | {cls.__name__ for cls in converters})
         raise ValueError(f"backbone must be one of the keras-hub backbones keras_xf converts "
                          f"({known}). Received: a {name}")
     config, tensors = convert(backbone)

@@ -137,7 +137,7 @@ def check_decoder(model, normalization="rms_norm", embedding_scale=False, patter
         and block.norm_placement == "pre" and block.normalization == normalization
         and block.cross_attention is None and backbone.embedding_scale == embedding_scale
         and backbone.embedding_normalization is None
-        and len(stack._templates()) == 1
+        and parts.has_one_template(stack)
     )
     if not fits:
         raise ValueError(f"The block must be pre-norm {normalization} around rotary multi-head "

@@ -131,7 +131,7 @@ def hf_config(model):
         type(block) is TransformerBlock and type(mixer) is MambaMixer
         and block.feedforward is None and block.cross_attention is None
         and block.norm_placement == "pre" and block.normalization == "rms_norm"
-        and len(stack._templates()) == 1
+        and parts.has_one_template(stack)
     )
     if not fits:
         raise ValueError("Mamba needs pre-norm RMSNorm blocks of a MambaMixer without a "

@@ -154,7 +154,7 @@ def _check(model):
         mixers = [block.mixer] + ([block.cross_attention] if not bidirectional else [])
         bias = block.mixer.biases[0] if len(block.mixer.biases) == 1 else None
         fits = (
-            len(stack._templates()) == 1 and type(block) is TransformerBlock
+            parts.has_one_template(stack) and type(block) is TransformerBlock
             and block.norm_placement == "pre" and block.normalization == "rms_norm"
             and stack.output_norm is not None
             and (block.cross_attention is None) == bidirectional

@@ -136,7 +136,7 @@ def hf_config(model):
         and mha.output_bias and mha.num_key_value_heads == mha.num_heads
         and type(ffn) is FeedForward and ffn.use_bias and ffn.activation in ("gelu", "gelu_tanh")
         and block.norm_placement == "pre" and block.normalization == "layer_norm"
-        and len(stack._templates()) == 1
+        and parts.has_one_template(stack)
     )
     if not fits:
         raise ValueError("ViT needs square images, learned positions, a [CLS] token with its "

@@ -3,13 +3,13 @@
 
 import keras
 from keras import ops
-from keras.src.losses.loss import scale_loss_for_distribution
 
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_token_mask
 from keras_xf.ops.checks import token_sample_weight
 from keras_xf.ops.cross_entropy import chunked_cross_entropy
+from keras_xf.ops.keras_internals import scale_loss_for_distribution
 
 REDUCTIONS = ("sum_over_batch_size", "mean", "sum", "mean_with_sample_weight")
 

@@ -48,48 +48,71 @@ def _check_hidden_states(hidden_states):
     return pairs
 
 
-def feature_output(model, feature):
-    """The symbolic output of `model` named by `feature`: `"layer"` or `"layer/key"` (a key of
-    a layer's dict output), `layer` a layer of the functional `model` or `"backbone"` for
-    the task's backbone (e.g. `"backbone/encoder_sequence_output"`)."""
-    name, _, key = feature.partition("/")
-    if name == "backbone" and hasattr(model, "backbone"):
-        name = model.backbone.name
-    try:
-        layer = model.get_layer(name)
-    except ValueError as error:
-        raise ValueError(
-            f"hidden_states names {feature!r}, which is not a layer of {model.name} "
-            f"({[layer.name for layer in model.layers]})"
-        ) from error
-    # The call of `layer` in `model`'s graph (a nested functional model's first node is
-    # its own graph; a layer called twice in `model`, e.g. a tied embedding, is ambiguous).
-    nodes = [node for depth in model._nodes_by_depth.values() for node in depth
-             if node.operation is layer]
-    if len(nodes) != 1:
-        raise ValueError(
-            f"hidden_states names {feature!r}, but the layer {name!r} is called "
-            f"{len(nodes)} times in {model.name}: name a layer called once"
-        )
-    output = nodes[0].outputs
-    structure = getattr(layer, "_outputs_struct", None)  # a functional layer's dict outputs
-    if structure is not None:
-        output = keras.tree.pack_sequence_as(structure, output)
-    elif len(output) == 1:
-        output = output[0]
+def _feature_layer(model, feature):
+    """The layer of `model` that `feature` names (the part before any `/`)."""
+    name = feature.partition("/")[0]
+    names = [layer.name for layer in model.layers]
+    if name == "backbone" and name not in names:  # the task's backbone: its nested model
+        nested = [layer.name for layer in model.layers if isinstance(layer, keras.Model)]
+        if len(nested) == 1:
+            name = nested[0]
+    if name not in names:
+        raise ValueError(f"hidden_states names {feature!r}, which is not a layer of "
+                         f"{model.name} ({names})")
+    return model.get_layer(name)
+
+
+def _keyed(output, feature, layer, model):
+    """The part of a layer's output that `feature` names: a key of its dict output after `/`,
+    else the output itself."""
+    key = feature.partition("/")[2]
     if isinstance(output, dict):
         if key not in output:
             raise ValueError(
-                f"hidden_states names {feature!r}: the layer {name!r} of {model.name} returns "
-                f"a dict, so give one of its keys after '/': {sorted(output)}"
+                f"hidden_states names {feature!r}: the layer {layer.name!r} of {model.name} "
+                f"returns a dict, so give one of its keys after '/': {sorted(output)}"
             )
         return output[key]
     if key:
         raise ValueError(
-            f"hidden_states names {feature!r}, but the layer {name!r} of {model.name} "
+            f"hidden_states names {feature!r}, but the layer {layer.name!r} of {model.name} "
             "returns a single tensor: leave out '/key'"
         )
     return output
+
+
+def feature_outputs(model, features):
+    """`model`'s graph run again on new `keras.Input`s, keeping the outputs of the layers that
+    `features` name: `(inputs, outputs, states)`, `states[i]` the symbolic output named by
+    `features[i]`.
+
+    A feature is `"layer"` or `"layer/key"` (a key of a layer's dict output), `layer` a layer
+    of the functional `model` or `"backbone"` for the task's backbone (its one nested model,
+    e.g. `"backbone/encoder_sequence_output"`). The graph runs through `keras.models.
+    clone_model` with each layer kept (the weights are `model`'s) and each call recorded, so
+    a layer called more than once in `model` (a tied embedding) is refused as ambiguous.
+    """
+    layers = [_feature_layer(model, feature) for feature in features]
+    calls = {id(layer): [] for layer in layers}
+
+    def call_and_record(layer, *args, **kwargs):
+        output = layer(*args, **kwargs)
+        if id(layer) in calls:
+            calls[id(layer)].append(output)
+        return output
+
+    graph = keras.models.clone_model(model, clone_function=lambda layer: layer,
+                                     call_function=call_and_record)
+    states = []
+    for feature, layer in zip(features, layers):
+        outputs = calls[id(layer)]
+        if len(outputs) != 1:
+            raise ValueError(
+                f"hidden_states names {feature!r}, but the layer {layer.name!r} is called "
+                f"{len(outputs)} times in {model.name}: name a layer called once"
+            )
+        states.append(_keyed(outputs[0], feature, layer, model))
+    return graph.input, graph.output, states
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -180,11 +203,14 @@ class Distiller(keras.distillation.Distiller):
         if not pairs:
             self._teacher_features = self._student_features = None
             return
-        teacher_outputs = {"logits": self.teacher.output}
-        student_outputs = {"logits": self.student.output}
+        teacher_inputs, teacher_logits, teacher_states = feature_outputs(
+            self.teacher, [pair[0] for pair in pairs])
+        student_inputs, student_logits, student_states = feature_outputs(
+            self.student, [pair[1] for pair in pairs])
+        teacher_outputs = {"logits": teacher_logits}
+        student_outputs = {"logits": student_logits}
         for index, (teacher_feature, student_feature, mask_input) in enumerate(pairs):
-            teacher_state = feature_output(self.teacher, teacher_feature)
-            student_state = feature_output(self.student, student_feature)
+            teacher_state, student_state = teacher_states[index], student_states[index]
             if len(teacher_state.shape) != len(student_state.shape):
                 raise ValueError(
                     f"hidden_states pair {index} needs features of one rank. Received: "
@@ -201,9 +227,9 @@ class Distiller(keras.distillation.Distiller):
                 projection.build((None, student_width))
             self.projections.append(projection)
             self._masks.append(self._mask_input(mask_input, teacher_feature, index))
-        self._teacher_features = keras.Model(self.teacher.inputs, teacher_outputs,
+        self._teacher_features = keras.Model(teacher_inputs, teacher_outputs,
                                              name=f"{self.teacher.name}_features")
-        self._student_features = keras.Model(self.student.inputs, student_outputs,
+        self._student_features = keras.Model(student_inputs, student_outputs,
                                              name=f"{self.student.name}_features")
 
     def _mask_input(self, mask_input, feature, index):

@@ -11,6 +11,7 @@ from keras_xf.ops import hidden_state_loss
 from keras_xf.ops import soft_target_loss
 from keras_xf.training import Distiller
 from keras_xf.training import sequence_distillation_data
+from keras_xf.training.distiller import feature_outputs
 from tests.models import tiny
 from tests.reference import distillation as reference
 
@@ -139,6 +140,36 @@ def test_config_round_trip(pair):
         assert getattr(restored, key) == getattr(distiller, key)
     assert restored._masks == [None]
     assert restored.student.count_params() == student.count_params()
+
+
+def test_feature_outputs_are_the_layers_outputs_in_the_model_graph(pair):
+    """The task's backbone and a layer of a plain functional model, read from one pass that
+    gives the model's own outputs, with the model's weights (no copy)."""
+    teacher, _ = pair
+    inputs, logits, [states] = feature_outputs(teacher, ["backbone"])
+    features = keras.Model(inputs, {"logits": logits, "states": states})
+    x = tiny.token_batch(np.random.default_rng(4))
+    out = features(x)
+    np.testing.assert_allclose(numpy(out["logits"]), numpy(teacher(x)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(numpy(out["states"]), numpy(teacher.backbone(x)), rtol=1e-5,
+                               atol=1e-6)
+    assert {id(w) for w in features.weights} == {id(w) for w in teacher.weights}
+
+    token_inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(5, name="hidden")(token_inputs)
+    model = keras.Model(token_inputs, keras.layers.Dense(2, name="out")(hidden))
+    inputs, _, [state] = feature_outputs(model, ["hidden"])
+    values = np.ones((2, 3), "float32")
+    np.testing.assert_allclose(numpy(keras.Model(inputs, state)(values)),
+                               numpy(model.get_layer("hidden")(values)), rtol=1e-6)
+
+
+def test_a_layer_called_twice_is_refused():
+    token_inputs = keras.Input((3,))
+    shared = keras.layers.Dense(3, name="shared")
+    model = keras.Model(token_inputs, shared(shared(token_inputs)))
+    with pytest.raises(ValueError, match="called 2 times"):
+        feature_outputs(model, ["shared"])
 
 
 def test_sequence_distillation_data_is_the_teacher_beam_output_shifted():

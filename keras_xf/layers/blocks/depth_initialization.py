@@ -11,6 +11,7 @@ from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.ops.checks import check_finite_number
 from keras_xf.ops.checks import check_positive_number
+from keras_xf.ops.keras_internals import sublayers
 
 # "model_depth": gain = a·L^b (L the stack's layers); "sub_layer_depth": gain = a / l^b
 # (l the sub-layer's depth, counted over the stack from 1); "deep_norm": gain β for the
@@ -78,7 +79,7 @@ def _fan_axes(dense):
 def _projections(layer):
     """The `Dense` and `EinsumDense` layers inside a sub-layer, with the ids of those kept
     at gain 1 by DeepNorm (an attention's query and key projections)."""
-    denses = [sub for sub in layer._flatten_layers(include_self=True)
+    denses = [sub for sub in sublayers(layer, include_self=True)
               if isinstance(sub, (keras.layers.Dense, keras.layers.EinsumDense))]
     unscaled = set()
     if isinstance(layer, MultiHeadAttention):

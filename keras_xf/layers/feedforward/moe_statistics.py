@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_xf.ops.keras_internals import holds_value
+
 
 class RouterStatistics(keras.metrics.Metric):
     """Expert load and drop rate of a `MixtureOfExperts`, as entries of `fit` / `evaluate` logs.
@@ -81,6 +83,6 @@ class RouterStatistics(keras.metrics.Metric):
 def _read(variable):
     """The variable's value; zeros while the JAX trainer holds the state (during a traced
     step the Keras variable has handed its value over and holds none)."""
-    if getattr(variable, "_value", 0) is None:
+    if not holds_value(variable):
         return ops.zeros(variable.shape, "float32")
     return ops.convert_to_tensor(variable.value)
