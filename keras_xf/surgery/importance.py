@@ -10,7 +10,7 @@ from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.surgery.layer_pruning import prune_layers
 from keras_xf.surgery.layer_pruning import transformer_backbone_of
-from keras_xf.ops.backend_specific import vjp
+from keras_xf.ops.gradients import vjp
 
 METHODS = ("gradient", "magnitude")
 
