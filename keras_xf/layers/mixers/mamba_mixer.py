@@ -8,11 +8,11 @@ from keras import ops
 
 from keras_xf.layers.mixers.depthwise_convolution import DepthwiseConvolution
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
-from keras_xf.layers.mixers.state_space_mixer import _inverse_softplus_dt
-from keras_xf.layers.mixers.state_space_mixer import check_scan_arguments
-from keras_xf.layers.mixers.state_space_mixer import selective_scan
 from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.ssm import check_scan_arguments
+from keras_xf.ops.ssm import selective_scan
+from keras_xf.ops.ssm import step_bias_initializer
 
 # Mamba's discretisation: Ā = exp(ΔA) by zero-order hold, B̄ = ΔB by Euler.
 DISCRETIZATION = "zoh_euler"
@@ -35,7 +35,7 @@ class MambaMixer(SequenceMixer):
         o = (y ⊙ SiLU(z)) W_out (+ b_out)
 
     The convolution is a `DepthwiseConvolution(K, causal=True)` and the recurrence is
-    `selective_scan` of `StateSpaceMixer` (chunked by default: no `[B, T, E, N]` tensor is
+    `keras_xf.ops.ssm.selective_scan` (chunked by default: no `[B, T, E, N]` tensor is
     formed). The selection, the step `Δ`, `A`, the scan and the gate are computed in float32;
     the projections and the convolution in the compute dtype.
 
@@ -142,7 +142,7 @@ class MambaMixer(SequenceMixer):
         )
         self.dt_bias = self.add_weight(
             name="dt_bias", shape=(inner,),
-            initializer=_inverse_softplus_dt(math.log(self.dt_min), math.log(self.dt_max)),
+            initializer=step_bias_initializer(self.dt_min, self.dt_max),
         )
         # S4D-Real: A_n = −(n + 1) in every channel.
         a_log = np.tile(np.log(np.arange(1, n + 1, dtype="float64")), (inner, 1))
