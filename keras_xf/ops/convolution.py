@@ -62,6 +62,19 @@ def rolling_cache(padded, kernel_size, padding_mask=None):
     return ops.cast(ops.take_along_axis(padded, indices, axis=1), "float32")
 
 
+def valid_depthwise_convolution(padded, kernel):
+    """`y_{t,c} = Σ_j W_{j,c} p_{t+j,c}`: a "valid" depthwise convolution of a padded
+    `[B, T + K − 1, C]` sequence (`pad_sequence`) with a kernel `[K, C]`, giving `[B, T, C]`."""
+    kernel = ops.cast(kernel, padded.dtype)
+    return ops.depthwise_conv(padded, kernel[:, :, None], strides=1, padding="valid")
+
+
+def glu(x):
+    """The gated linear unit over the last axis: `a ⊙ σ(b)` for `x = [a | b]`."""
+    a, b = ops.split(x, 2, axis=-1)
+    return a * ops.sigmoid(b)
+
+
 def causal_fft_convolution(x, kernel):
     """`y_t = Σ_{i≤t} K_{t−i} s_i` per channel, by FFT over `2T` points (at least; a power of
     two), for a kernel as long as the sequence (the convolution form of a time-invariant

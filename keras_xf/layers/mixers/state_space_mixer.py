@@ -128,11 +128,10 @@ class StateSpaceMixer(SequenceMixer):
         self.use_bias = use_bias
         self.complex = init != "s4d_real"
         self.supports_masking = True
-        self.width = None
 
     # Weights -------------------------------------------------------------------------------
     def build(self, inputs_shape):
-        self.width = width = self.check_inputs_shape(inputs_shape)
+        width = self.check_inputs_shape(inputs_shape)
         n = self.state_size
         a_real, a_imag = hippo_diagonal(self.init, n)
         a_log = np.tile(np.log(-a_real), (width, 1))
@@ -197,31 +196,14 @@ class StateSpaceMixer(SequenceMixer):
     def _continuous_a(self):
         return -ops.exp(self._weight(self.a_log)), self._weight(self.a_imag)
 
-    # Cache -----------------------------------------------------------------------------
-    def init_cache(self, batch_size, max_length=None, dtype=None):
-        """The zero state (float32 whatever `dtype`; `max_length` is not needed)."""
-        if not self.built:
-            raise ValueError("init_cache needs a built StateSpaceMixer: call it once or build it.")
-        return ops.zeros(self._cache_shape(batch_size), "float32")
-
-    def _cache_shape(self, batch_size):
-        """`[B, d, N]`, or `[B, d, N, 2]` (real and imaginary parts) when time-invariant."""
-        shape = (batch_size, self.width, self.state_size)
+    # Cache and forward -------------------------------------------------------------------
+    def cache_shapes(self, batch_size):
+        """The state: `[B, d, N]`, or `[B, d, N, 2]` (real and imaginary parts) when
+        time-invariant; float32, and its size does not depend on `max_length`."""
+        shape = (batch_size, self.input_dim, self.state_size)
         return shape if self.selective else shape + (2,)
 
-    # Forward -----------------------------------------------------------------------------
-    def call(
-        self,
-        inputs,
-        padding_mask=None,
-        attention_mask=None,
-        use_causal_mask=None,
-        cache=None,
-        cache_index=None,
-        training=None,
-    ):
-        self.check_call_inputs(inputs, self.width, padding_mask, attention_mask, cache,
-                               self._cache_shape(inputs.shape[0]))
+    def mix(self, inputs, padding_mask, causal, cache, training):
         x = ops.cast(inputs, "float32")
         mask = None
         if padding_mask is not None:
@@ -237,10 +219,7 @@ class StateSpaceMixer(SequenceMixer):
             outputs = outputs + self._weight(self.output_bias)
         if mask is not None:
             outputs = outputs * mask
-        outputs = ops.cast(outputs, self.compute_dtype)
-        if cache is None:
-            return outputs
-        return outputs, state
+        return ops.cast(outputs, self.compute_dtype), state
 
     def _discretized(self):
         a_real, a_imag = self._continuous_a()
@@ -273,15 +252,6 @@ class StateSpaceMixer(SequenceMixer):
             x, dt, b_t, c_t, a_real, self.discretization, mask=mask, initial_state=cache,
             method=self.method, chunk_size=self.chunk_size,
         )
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
-    def compute_output_spec(self, inputs, cache=None, **kwargs):
-        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        if cache is None:
-            return outputs
-        return outputs, keras.KerasTensor(cache.shape, dtype=cache.dtype)
 
     def get_config(self):
         config = super().get_config()
