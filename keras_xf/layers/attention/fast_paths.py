@@ -74,8 +74,8 @@ class FastPathsMixin:
         )
 
     def _block_sparse_applies(self, q, value, key, attention_mask, cache, cache_index,
-                              return_attention_scores, attention_bias, attention_multiplier,
-                              attention_weights):
+                              return_attention_scores, attention_bias=None,
+                              attention_multiplier=None, attention_weights=None):
         """Whether self-attention with `pattern` runs block-sparsely: the pattern offers it
         (`block_sparse` and `block_layout`), the length is static, and nothing needs dense
         scores (no multiplier, no additive biases or syntax matrices, no given or returned
