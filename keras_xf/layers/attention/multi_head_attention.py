@@ -313,11 +313,12 @@ class MultiHeadAttention(ScoreExtensionsMixin, FastPathsMixin, SequenceMixer):
             cache, cache_index, value, attention_bias, attention_multiplier, attention_weights,
             return_attention_scores, training,
         )
+        # A cache read as it is gives the keys and values (the head-major path reads it itself).
         q, k, v = self._project_inputs(query, value, key, cache if reuse_cache else None,
-                                       None if reuse_cache and head_major else kind)
+                                       None if head_major else kind)
         k, v, padding_mask = self._compress_keys_and_values(k, v, padding_mask)
         key_positions = ops.arange(
-            ops.shape(cache[0])[2] if k is None else ops.shape(k)[1], dtype="int32"
+            kind.length(cache) if k is None else ops.shape(k)[1], dtype="int32"
         ) + (offset if value is None else 0)
         if self.position is not None:
             if reuse_cache:

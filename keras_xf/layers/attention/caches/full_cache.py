@@ -67,6 +67,11 @@ class FullCache:
         outputs), in the dtype of `cache`."""
         return tuple(ops.cast(part, cache[0].dtype) for part in self.entry(key, value))
 
+    @staticmethod
+    def length(cache):
+        """The number of positions `cache` holds (a scalar tensor where unknown)."""
+        return ops.shape(cache[0])[2]
+
     def key_length(self, cache, query_length):
         """The number of keys a query attends to when it reads `cache` (static, or `None`)."""
         return static_dim(cache[0].shape[2])
