@@ -1,4 +1,5 @@
-"""Pure functions over `keras.ops`: attention, masks, positions and linear recurrences."""
+"""Pure functions over `keras.ops`: attention, masks, positions, linear recurrences and
+state-space maths."""
 
 from keras_xf.ops.attention import attend
 from keras_xf.ops.attention import attention_scores
@@ -35,7 +36,12 @@ from keras_xf.ops.scan import scan_chunks
 from keras_xf.ops.scan import sequential_scan
 from keras_xf.ops.linear_attention import causal_linear_attention
 from keras_xf.ops.linear_attention import linear_attention
+from keras_xf.ops.convolution import causal_fft_convolution
 from keras_xf.ops.convolution import convolution_padding
 from keras_xf.ops.convolution import pad_sequence
 from keras_xf.ops.convolution import rolling_cache
 from keras_xf.ops.convolution import shifted_windows
+from keras_xf.ops.ssm import discretize
+from keras_xf.ops.ssm import hippo_diagonal
+from keras_xf.ops.ssm import selective_scan
+from keras_xf.ops.ssm import time_invariant_ssm

@@ -3,12 +3,14 @@
 Tensors follow the `keras.ops` layout: queries `[B, T, H, Dh]`, keys and values
 `[B, S, Hkv, Dh]` with `H` a multiple of `Hkv` (multi-query and grouped-query attention,
 survey §5.4). Masks are boolean and broadcastable to `[B, H, T, S]`, `True` meaning "attend".
+
+The fused kernel (`dot_product_attention`) is backend-specific code kept beside the attention
+it serves: on PyTorch it calls `torch.nn.functional.scaled_dot_product_attention` itself.
 """
 
 import keras
 from keras import ops
 
-from keras_xf.ops.backend_specific import dot_product_attention
 from keras_xf.ops.masks import causal_mask
 from keras_xf.ops.masks import merge_masks
 
@@ -131,6 +133,44 @@ def head_major_attention(query, key, value, mask=None, scale=None):
     weights = masked_softmax(scores, mask)
     outputs = ops.einsum("bkgts,bksd->btkgd", ops.cast(weights, value.dtype), value)
     return ops.reshape(outputs, (batch, length, heads, value.shape[-1]))
+
+
+def dot_product_attention(query, key, value, mask, bias, scale):
+    """The fused attention kernel on `[B, T, H, Dh]` queries and `[B, S, Hkv, Dh]` keys/values.
+
+    Why not `keras.ops.dot_product_attention` alone: on PyTorch it makes contiguous copies of
+    the transposed keys and values first; reading a cache `[B, 2, L, Hkv, Dh]` that costs two
+    copies of the whole cache per layer and step. PyTorch's `scaled_dot_product_attention`
+    takes the strided views as they are. Elsewhere it is `keras.ops.dot_product_attention`.
+    `mask` and `bias` are not both given (PyTorch's kernel takes one of them).
+
+    Flash kernels follow Keras's global switch, as Keras's and keras-hub's attention layers
+    do: by default (and after `keras.config.enable_flash_attention()`) Keras takes its flash
+    kernel where the platform has one (cuDNN on an Ampere or later GPU with bfloat16 or
+    float16 inputs, Splash attention on a TPU) and its plain kernel elsewhere;
+    `keras.config.disable_flash_attention()` keeps the plain kernel everywhere. PyTorch's
+    `scaled_dot_product_attention` chooses among its own fused kernels (flash,
+    memory-efficient, cuDNN) by the inputs and the device.
+    """
+    if keras.config.backend() == "torch":
+        return _torch_attention(query, key, value, mask, bias, scale)
+    # None (Keras's default) lets Keras choose; False is the user's `disable_flash_attention`.
+    return ops.dot_product_attention(
+        query, key, value, bias=bias, mask=mask, scale=scale,
+        flash_attention=keras.config.is_flash_attention_enabled(),
+    )
+
+
+def _torch_attention(query, key, value, mask, bias, scale):
+    import torch.nn.functional as F
+
+    key = repeat_kv_heads(key, query.shape[2])
+    value = repeat_kv_heads(value, query.shape[2])
+    query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))
+    outputs = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask if bias is None else bias, scale=scale
+    )
+    return ops.transpose(outputs, (0, 2, 1, 3))
 
 
 def _fused_attention(query, key, value, mask, bias, scale):

@@ -11,6 +11,7 @@ import numbers
 import math
 
 import keras
+import numpy as np
 
 
 def static_dim(dim):
@@ -25,6 +26,13 @@ def _dims_differ(received, expected):
 
 def _shape(tensor):
     return tuple(tensor.shape)
+
+
+def is_array(value):
+    """Whether `value` is a backend tensor, a symbolic `KerasTensor`, a Keras variable or a
+    numpy array: a value with a shape, as a cache or state given to a layer must be."""
+    return keras.ops.is_tensor(value) or isinstance(
+        value, (keras.KerasTensor, keras.Variable, np.ndarray))
 
 
 def check_rank(name, tensor, ranks, layout):
@@ -218,9 +226,9 @@ def _known_shape(tensor):
 def check_state(state, name, shape):
     """A cache or state tensor of `shape` (`None` entries: any size on that axis; a tensor of
     unknown rank in a TensorFlow trace is not checked)."""
-    if hasattr(state, "shape") and _known_shape(state) is None:
+    if is_array(state) and _known_shape(state) is None:
         return state
-    received = _shape(state) if hasattr(state, "shape") else None
+    received = _shape(state) if is_array(state) else None
     if (
         received is None
         or len(received) != len(shape)
@@ -340,3 +348,17 @@ def check_finite_number(name, value):
     if not ok or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number. Received: {name}={value!r}")
     return value
+
+
+def check_per_head_fractions(name, value, num_heads):
+    """A float in (0, 1) for every head, or a list of `num_heads` of them: the list of one
+    value per head."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))
+           or not 0 < v < 1]
+    if bad or (isinstance(value, (list, tuple)) and len(values) != num_heads):
+        raise ValueError(
+            f"{name} must be a float in (0, 1), or a list of one such float per head "
+            f"({num_heads}). Received: {name}={value!r}"
+        )
+    return values if isinstance(value, (list, tuple)) else values * num_heads

@@ -1,4 +1,5 @@
-"""Padding, shifted windows and the rolling cache of sequence convolutions (survey §5.5.1)."""
+"""Padding, shifted windows, the rolling cache and the FFT convolution of sequence convolutions
+(survey §5.5.1, §5.5.3)."""
 
 from keras import ops
 
@@ -59,3 +60,46 @@ def rolling_cache(padded, kernel_size, padding_mask=None):
     indices = ops.expand_dims(indices, -1) + ops.zeros_like(padded[:, : kernel_size - 1],
                                                             dtype="int32")
     return ops.cast(ops.take_along_axis(padded, indices, axis=1), "float32")
+
+
+def valid_depthwise_convolution(padded, kernel):
+    """`y_{t,c} = Σ_j W_{j,c} p_{t+j,c}`: a "valid" depthwise convolution of a padded
+    `[B, T + K − 1, C]` sequence (`pad_sequence`) with a kernel `[K, C]`, giving `[B, T, C]`."""
+    kernel = ops.cast(kernel, padded.dtype)
+    return ops.depthwise_conv(padded, kernel[:, :, None], strides=1, padding="valid")
+
+
+def glu(x):
+    """The gated linear unit over the last axis: `a ⊙ σ(b)` for `x = [a | b]`."""
+    a, b = ops.split(x, 2, axis=-1)
+    return a * ops.sigmoid(b)
+
+
+def causal_fft_convolution(x, kernel):
+    """`y_t = Σ_{i≤t} K_{t−i} s_i` per channel, by FFT over `2T` points (at least; a power of
+    two), for a kernel as long as the sequence (the convolution form of a time-invariant
+    state-space model, survey §5.5.3): `O(T log T)` instead of the `O(T²)` of the sum.
+
+    Args:
+        x: `[B, T, d]` with a static `T`.
+        kernel: `[T, d]`, `K_0 … K_{T−1}` per channel.
+
+    Returns:
+        `[B, T, d]`.
+
+    Example:
+    >>> y = causal_fft_convolution(ops.ones((1, 3, 1)), ops.ones((3, 1)))  # 1, 2, 3
+    """
+    length = int(x.shape[1])  # an int also while PyTorch traces (a shape tensor there)
+    fft_length = 1 << max(1, (2 * length - 1).bit_length())
+    signal = ops.transpose(x, (0, 2, 1))  # [B, d, T]
+    filt = ops.transpose(kernel, (1, 0))  # [d, T]
+    pad = fft_length - length
+    signal = ops.pad(signal, ((0, 0), (0, 0), (0, pad)))
+    filt = ops.pad(filt, ((0, 0), (0, pad)))
+    s_re, s_im = ops.rfft(signal)
+    f_re, f_im = ops.rfft(filt)
+    # The product of the two spectra, (s_re + i·s_im)(f_re + i·f_im).
+    product = (s_re * f_re - s_im * f_im, s_re * f_im + s_im * f_re)
+    y = ops.irfft(product, fft_length=fft_length)
+    return ops.transpose(y[..., :length], (0, 2, 1))

@@ -9,12 +9,12 @@ and its gradients while only one `[chunk_size, V]` block of logits exists at a t
 import keras
 from keras import ops
 
-from keras_xf.ops.backend_specific import time_loop
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_token_mask
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import static_dim
+from keras_xf.ops.time_loop import time_loop
 
 
 def chunked_cross_entropy(hidden, table, labels, weights, chunk_size=1024, label_smoothing=0.0,

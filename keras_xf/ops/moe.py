@@ -8,6 +8,7 @@ only, and the outputs are gathered back and weighted by the gates. Shapes depend
 
 import math
 
+import keras
 from keras import ops
 
 
@@ -123,3 +124,16 @@ def combine_rows(rows, slots, gates):
     picked = ops.reshape(picked, (top_k, num_tokens, -1))
     weights = ops.cast(ops.transpose(gates), picked.dtype)[:, :, None]
     return ops.sum(picked * weights, axis=0)
+
+
+def grouped_matmul(x, w):
+    """`x[g] @ w[g]` for `x [G, R, a]`, `w [G, a, b]`: the experts' matmuls.
+
+    Why not `keras.ops.matmul` alone: TensorFlow's CPU `BatchMatMulV2` kernel takes more time
+    per FLOP than its `MatMul`, so on TensorFlow a few groups run as one `MatMul` each (a
+    batched matmul elsewhere)."""
+    groups = x.shape[0]
+    if keras.config.backend() == "tensorflow" and isinstance(groups, int) and groups <= 64:
+        return ops.stack([ops.matmul(a, b) for a, b in zip(ops.unstack(x, groups, axis=0),
+                                                            ops.unstack(w, groups, axis=0))])
+    return ops.matmul(x, w)

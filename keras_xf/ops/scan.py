@@ -18,7 +18,7 @@ or lose precision in bfloat16.
 import keras
 from keras import ops
 
-from keras_xf.ops.backend_specific import time_loop
+from keras_xf.ops.time_loop import time_loop
 
 METHODS = ("associative", "sequential", "chunked")
 

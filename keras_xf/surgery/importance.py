@@ -9,7 +9,7 @@ from keras_xf.surgery.layer_pruning import prune_layers
 from keras_xf.surgery.prunable_parts import prunable_attention
 from keras_xf.surgery.prunable_parts import prunable_feedforward
 from keras_xf.surgery.prunable_parts import pruning_stack
-from keras_xf.ops.backend_specific import vjp
+from keras_xf.ops.gradients import vjp
 
 METHODS = ("gradient", "magnitude")
 

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_xf.ops import causal_fft_convolution
 from keras_xf.ops import convolution_padding
 from keras_xf.ops import pad_sequence
 from keras_xf.ops import rolling_cache
@@ -52,3 +53,16 @@ def test_rolling_cache_ends_at_the_last_valid_token():
     assert tuple(rolling_cache(padded[:, :4], 1, mask).shape) == (3, 0, 2)
     with pytest.raises(ValueError, match="kernel_size=0"):
         convolution_padding(0, True)
+
+
+@pytest.mark.parametrize("length", [1, 5, 8])
+def test_causal_fft_convolution_equals_the_sum(rng, length):
+    """`y_t = Σ_{i≤t} K_{t−i} s_i` per channel, by FFT."""
+    x = rng.normal(size=(2, length, 3)).astype("float32")
+    kernel = rng.normal(size=(length, 3)).astype("float32")
+    expected = np.zeros(x.shape)
+    for t in range(length):
+        for i in range(t + 1):
+            expected[:, t] += kernel[t - i] * x[:, i]
+    y = causal_fft_convolution(keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(kernel))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(y), expected, rtol=1e-4, atol=1e-4)

@@ -166,30 +166,6 @@ def test_bad_arguments_raise():
 
 
 @pytest.mark.parametrize("jit_compile", [True, False])
-def test_time_loop_gradients_equal_the_associative_scans(rng, jit_compile):
-    """The time loop behind the sequential scan and `scan_chunks` writes its outputs with a
-    gradient of its own on TensorFlow (`_write_step`); its values and gradients, compiled and
-    not, equal those of the associative scan, which has no loop."""
-    a, b, z0 = _inputs(rng, shape=(2, 12, 3))
-    weights = rng.normal(size=b.shape).astype("float32")
-
-    def loss(method):
-        def function(a, b, z0):
-            z = linear_recurrence(a, b, initial_state=z0, method=method)
-            return keras.ops.sum(z * keras.ops.convert_to_tensor(weights))
-
-        return function
-
-    value, grads = checks.value_and_gradients(loss("sequential"), [a, b, z0], jit_compile)
-    expected_value, expected_grads = checks.value_and_gradients(loss("associative"), [a, b, z0])
-    np.testing.assert_allclose(
-        value, np.sum(reference.linear_recurrence(a, b, z0) * weights), rtol=1e-5)
-    np.testing.assert_allclose(value, expected_value, rtol=1e-5)
-    for grad, expected in zip(grads, expected_grads):
-        np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("jit_compile", [True, False])
 def test_scan_chunks_gradients_equal_a_cumulative_sum(rng, jit_compile):
     """`scan_chunks` (a running sum, chunk by chunk) differentiates like `cumsum`: every chunk's
     output reaches the inputs of its own and earlier chunks, compiled and not (TensorFlow's
@@ -214,43 +190,3 @@ def test_scan_chunks_gradients_equal_a_cumulative_sum(rng, jit_compile):
     expected_value, (expected,) = checks.value_and_gradients(direct, [x])
     np.testing.assert_allclose(value, expected_value, rtol=1e-5)
     np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
-
-
-def _graph_op_types(concrete):
-    """Every op type of a concrete TensorFlow function, its loop bodies and gradients included."""
-    graph_def = concrete.graph.as_graph_def()
-    types = {node.op for node in graph_def.node}
-    for function in graph_def.library.function:
-        types.update(node.op for node in function.node_def)
-    return types
-
-
-@pytest.mark.skipif(keras.config.backend() != "tensorflow",
-                    reason="the two forms of the time loop are TensorFlow's (JAX runs lax.scan, "
-                           "PyTorch a Python loop)")
-@pytest.mark.parametrize("jit_compile", [True, False])
-def test_tensorflow_time_loop_form_follows_xla(rng, jit_compile):
-    """Under XLA the loop writes by scatter (linear there, `_write_step`); without XLA, where a
-    scatter copies its whole buffer and the gradient of a slice of a captured input is summed
-    densely at every step, it reads and writes `TensorArray`s. Both differentiate alike."""
-    import tensorflow as tf
-
-    x = tf.constant(rng.normal(size=(2, 10, 3)).astype("float32"))
-
-    @tf.function(jit_compile=jit_compile)
-    def gradient(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = sequential_scan(keras.ops.full_like(x, 0.5), x)
-            value = tf.reduce_sum(y * y)
-        return tape.gradient(value, x)
-
-    types = _graph_op_types(gradient.get_concrete_function(x))
-    if jit_compile:
-        assert "TensorScatterUpdate" in types
-        assert not {"TensorListGetItem", "TensorListSetItem"} & types
-    else:
-        assert "TensorScatterUpdate" not in types and "UnsortedSegmentSum" not in types
-        assert {"TensorListGetItem", "TensorListSetItem"} <= types
-    expected = tf.function(gradient.python_function, jit_compile=not jit_compile)(x)
-    np.testing.assert_allclose(gradient(x).numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)

@@ -48,6 +48,7 @@ class AlibiBias(ScoreBias):
     def __init__(self, max_bias=8.0, **kwargs):
         super().__init__(**kwargs)
         self.max_bias = float(check_positive_number("max_bias", max_bias))
+        self._num_heads = None  # known once built
 
     def build(self, query_shape=None):
         if query_shape is not None and (len(query_shape) != 4 or query_shape[2] is None):
@@ -61,7 +62,7 @@ class AlibiBias(ScoreBias):
         # The head count is static: the queries' own, or the built one where a tracer (the
         # traced PyTorch decoding step) turns shapes into tensors.
         heads = query.shape[2]
-        if not isinstance(heads, int) and getattr(self, "_num_heads", None) is not None:
+        if not isinstance(heads, int) and self._num_heads is not None:
             heads = self._num_heads
         slopes = ops.convert_to_tensor(alibi_slope_values(int(heads), self.max_bias),
                                        dtype="float32")

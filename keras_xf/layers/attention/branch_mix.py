@@ -6,7 +6,6 @@ import keras
 from keras import ops
 
 from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
-from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import with_dtype_policy
@@ -56,6 +55,8 @@ class BranchMix(SequenceMixer):
     >>> m = keras.ops.ones((2, 5, 5))  # e.g. a dependency-tree adjacency
     >>> y = mix(x, attention_multiplier=m)  # (2, 5, 16)
     """
+
+    cache_dtype = None  # the branches' caches keep the dtype `init_cache` gave them
 
     def __init__(self, attention, syntax_attention=None, alpha=0.5, learn_alpha=False, **kwargs):
         super().__init__(**kwargs)
@@ -172,12 +173,6 @@ class BranchMix(SequenceMixer):
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return self.attention.compute_output_shape(query_shape)
-
-    def compute_output_spec(self, query, value=None, key=None, cache=None, **kwargs):
-        outputs = keras.KerasTensor(self.compute_output_shape(query.shape), dtype=self.compute_dtype)
-        if cache is None:
-            return outputs
-        return outputs, new_specs(cache)
 
     def get_config(self):
         config = super().get_config()

@@ -9,9 +9,7 @@ from keras_xf.ops.attention import lowest_value
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import get_initializer
-from keras_xf.ops.masks import causal_mask
 from keras_xf.ops.masks import downsample_padding_mask
-from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.masks import merge_masks
 
 METHODS = ("projection", "convolution", "selection")
@@ -82,6 +80,8 @@ class CompressedAttention(MultiHeadAttention):
     >>> layer = CompressedAttention(num_heads=2, compressed_length=4, max_length=16)
     >>> y = layer(keras.random.normal((2, 16, 32)))  # (2, 16, 32), keys reduced to 4
     """
+
+    masks_by_scores = True  # "selection" narrows the mask by the scores (`_select_keys`)
 
     def __init__(
         self,
@@ -165,9 +165,6 @@ class CompressedAttention(MultiHeadAttention):
         self.compression_initializer = get_initializer(
             "compression_initializer", compression_initializer
         )
-        # Per-call masks read by the `_project` / `_pattern_mask` overrides (plain attributes,
-        # kept out of Keras's state tracking).
-        object.__setattr__(self, "_context", None)
 
     @property
     def window(self):
@@ -208,15 +205,18 @@ class CompressedAttention(MultiHeadAttention):
         return initializer.__class__.from_config(initializer.get_config())
 
     # Reducing the keys and values along the length ------------------------------------------
-    def _project(self, dense, inputs):
-        outputs = super()._project(dense, inputs)
-        if self.method in _LENGTH_METHODS and (dense is self.key_dense or dense is self.value_dense):
-            outputs = self._compress(outputs, "key" if dense is self.key_dense else "value")
-        return outputs
+    def _compress_keys_and_values(self, key, value, padding_mask):
+        """`K′, V′` `[B, n′, Hkv, Dh]` of the projected keys and values `[B, S, Hkv, Dh]`
+        (`"projection"`, `"convolution"`), padding positions zeroed first, and the padding
+        mask of the compressed positions; the inputs unchanged for `"selection"`."""
+        if self.method not in _LENGTH_METHODS:
+            return key, value, padding_mask
+        valid = None if padding_mask is None else ops.cast(padding_mask, "bool")
+        return (self._compress(key, "key", valid), self._compress(value, "value", valid),
+                None if valid is None else self._compressed_padding_mask(valid))
 
-    def _compress(self, states, name):
+    def _compress(self, states, name, valid):
         """`[B, S, Hkv, Dh]` keys or values -> `[B, n′, Hkv, Dh]`."""
-        valid = self._context
         if valid is not None:
             states = ops.where(valid[:, :, None, None], states, ops.zeros_like(states))
         weight = getattr(self, f"{name}_compression")
@@ -241,36 +241,24 @@ class CompressedAttention(MultiHeadAttention):
         return downsample_padding_mask(valid, self.window, self.window)
 
     # Selecting keys by score -----------------------------------------------------------------
-    def _pattern_mask(self, q, k, query_positions, key_positions, cache_index):
-        pattern = super()._pattern_mask(q, k, query_positions, key_positions, cache_index)
-        if self.method != "selection":
-            return pattern
+    def _select_keys(self, q, k, mask):
+        """`"selection"`: `mask` (the keys each query may attend to) narrowed to the
+        `n′ = compressed_length` keys of highest score `q·kᵀ·scale` among them, ties kept."""
         key_length = k.shape[1]
-        if key_length is not None and key_length <= self.compressed_length:
-            return pattern  # every key is kept
-        padding_mask, attention_mask, causal, has_cache = self._context
-        query_length = ops.shape(q)[1]
-        offset = 0 if cache_index is None else ops.cast(cache_index, "int32")
-        valid_keys = None
-        if has_cache and cache_index is not None:
-            valid_keys = ops.less(key_positions, offset + query_length)[None, :]
-        allowed = merge_masks(
-            None if padding_mask is None else key_padding_to_attention_mask(padding_mask),
-            attention_mask,
-            causal_mask(query_length, ops.shape(k)[1], offset) if causal else None,
-            valid_keys,
-            pattern,
-        )
+        if self.method != "selection" or (
+            key_length is not None and key_length <= self.compressed_length
+        ):
+            return mask  # every key is kept
         scores = ops.stop_gradient(attention_scores(q, k, self.scale))  # [B, H, T, S]
         lowest = lowest_value("float32")
-        if allowed is not None:
-            scores = ops.where(allowed, scores, lowest)
+        if mask is not None:
+            scores = ops.where(mask, scores, lowest)
         candidates = scores
         if key_length is None:  # unknown length: pad so that top_k always has n′ entries
             pad = ((0, 0), (0, 0), (0, 0), (0, self.compressed_length))
             candidates = ops.pad(scores, pad, constant_values=lowest)
         threshold = ops.top_k(candidates, self.compressed_length)[0][..., -1:]
-        return merge_masks(pattern, ops.greater_equal(scores, threshold))
+        return merge_masks(mask, ops.greater_equal(scores, threshold))
 
     def call(
         self,
@@ -288,32 +276,18 @@ class CompressedAttention(MultiHeadAttention):
         causal = self.causal if use_causal_mask is None else use_causal_mask
         kwargs = dict(return_attention_scores=return_attention_scores, training=training)
         if self.method == "selection":
-            object.__setattr__(
-                self, "_context", (padding_mask, attention_mask, causal, cache is not None)
+            return super().call(
+                query, value, key, padding_mask=padding_mask, attention_mask=attention_mask,
+                use_causal_mask=causal, cache=cache, cache_index=cache_index, **kwargs,
             )
-            try:
-                return super().call(
-                    query, value, key, padding_mask=padding_mask, attention_mask=attention_mask,
-                    use_causal_mask=causal, cache=cache, cache_index=cache_index, **kwargs,
-                )
-            finally:
-                object.__setattr__(self, "_context", None)
         self._check_length_compression_call(query, value, attention_mask, causal, cache, cache_index)
-        # Checked here: the attention below sees the compressed mask.
+        # Checked here, against the inputs: the attention sees the compressed mask.
         check_padding_mask(
             padding_mask, query if value is None else value,
             inputs_name="query" if value is None else "value",
         )
-        valid = None if padding_mask is None else ops.cast(padding_mask, "bool")
-        object.__setattr__(self, "_context", valid)
-        try:
-            return super().call(
-                query, value, key,
-                padding_mask=None if valid is None else self._compressed_padding_mask(valid),
-                use_causal_mask=False, **kwargs,
-            )
-        finally:
-            object.__setattr__(self, "_context", None)
+        return super().call(query, value, key, padding_mask=padding_mask, use_causal_mask=False,
+                            **kwargs)
 
     def _check_length_compression_call(self, query, value, attention_mask, causal, cache, cache_index):
         method = self.method
@@ -346,21 +320,6 @@ class CompressedAttention(MultiHeadAttention):
         if self.method == "convolution":
             return None if length is None else -(-length // self.window)
         return length
-
-    def compute_output_spec(
-        self, query, value=None, key=None, cache=None, return_attention_scores=False, **kwargs
-    ):
-        results = super().compute_output_spec(
-            query, value, key, cache=cache, return_attention_scores=return_attention_scores,
-            **kwargs,
-        )
-        if not return_attention_scores or self.method == "selection":
-            return results
-        key_length = self._compressed_length_of((query if value is None else value).shape[1])
-        weights = keras.KerasTensor(
-            (query.shape[0], self.num_heads, query.shape[1], key_length), dtype="float32"
-        )
-        return dict(results, attention_scores=weights)
 
     def get_config(self):
         config = super().get_config()

@@ -4,27 +4,20 @@ import keras
 from keras import ops
 
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
+from keras_xf.layers.attention.caches.rolling_cache import cache_kind
+from keras_xf.layers.attention.fast_paths import FastPathsMixin
 from keras_xf.layers.attention.position_hook import PositionHook
 from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.attention.score_extensions import ScoreExtensionsMixin
 from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
 from keras_xf.layers.block_contract import join_results
-from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.head_projections import INTO_HEADS
 from keras_xf.layers.head_projections import OUT_OF_HEADS
-from keras_xf.layers.head_projections import fusable
 from keras_xf.layers.head_projections import head_projection
 from keras_xf.layers.head_projections import project
-from keras_xf.layers.head_projections import project_fused
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
-from keras_xf.ops.attention import attend
-from keras_xf.ops.attention import attention_scores
 from keras_xf.ops.attention import head_major_attention
-from keras_xf.ops.attention import masked_softmax
-from keras_xf.ops.attention import scaled_dot_product_attention
-from keras_xf.ops.block_sparse_attention import block_sparse_attention
-from keras_xf.ops.cache import update_cache
 from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
@@ -34,12 +27,18 @@ from keras_xf.ops.masks import key_padding_to_attention_mask
 from keras_xf.ops.masks import merge_masks
 
 
+# The constructor arguments that `get_config` returns as they are, and the single hooks.
+_ARGUMENTS = ("num_heads", "head_dim", "num_key_value_heads", "output_dim", "use_bias",
+              "output_bias", "dropout", "causal", "scale", "guided_heads", "qk_dim")
+_HOOKS = ("position", "multiplier", "pattern")
+
+
 def _serialize(layer):
     return None if layer is None else keras.saving.serialize_keras_object(layer)
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
+class MultiHeadAttention(ScoreExtensionsMixin, FastPathsMixin, SequenceMixer):
     """Multi-head attention: `C = Merge(C₁ … C_τ) W_c`, `C_h = Softmax(Q_h K_hᵀ/√d_h + M) V_h`.
 
     Survey §2.3 (multi-head self-attention), §2.6 (cross-attention and the causal mask `M`)
@@ -53,28 +52,12 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
     Without multiplier, value terms, returned weights or training dropout, the fused
     `keras.ops.dot_product_attention` kernel computes the same numbers.
 
-    Hook protocol (each hook subclasses a base layer that declares its abilities as class
-    attributes with defaults; positions are int32 vectors):
-    - `position`, a `PositionHook`: `rotate(query, key, query_positions, key_positions) ->
-      (query, key)`; `rotates_pairs = True` (RoPE) needs an even `qk_dim`;
-    - each of `biases`, a `ScoreBias`: `bias(query, key, query_positions, key_positions)`
-      returns an additive bias broadcastable to `[B, H, T, S]`; one with
-      `has_value_term = True` also provides `value_term(weights, value, query_positions,
-      key_positions) -> [B, T, H, Dh]`; one with `mixes_weights = True` is not added to the
-      scores but provides `mix_weights(weights, query, key, query_positions, key_positions,
-      mask)`, applied to the softmax weights (e.g. the locality-prior mixture of survey §4.1.1);
-    - `multiplier`, a `ScoreMultiplier`: `multiplier(query, key, query_positions,
-      key_positions)`, broadcastable to `[B, H, T, S]`;
-    - `pattern`, an `AttentionPattern`: `pattern(query_positions, key_positions)`, a boolean
-      mask broadcastable to `[B, H, T, S]` (one with `uses_states = True` also gets
-      `query=q, key=k`, and one with `supports_decoding = False` refuses `cache_index`).
-
-    Banded patterns (`LocalPattern`, `ChunkedPattern`, `StridedPattern`, survey §5.1) run
-    block-sparsely (`keras_xf.ops.block_sparse_attention`, memory O(n·w)) in self-attention
-    without multiplier, biases, attention_mask, cache or returned weights (otherwise the dense
-    masked path gives the same numbers), and their `cache_slots` make `init_cache` allocate a
-    rolling cache: slot `p mod slots` holds position `p`, keys are masked by their absolute
-    positions, and each call must write the next position (or repeat the latest one).
+    Each hook subclasses a base layer that documents its protocol and declares its abilities
+    as class attributes with defaults: `position` a `PositionHook` (`rotate(q, k, positions)`),
+    each of `biases` a `ScoreBias` (additive, with optional value terms or weight mixing),
+    `multiplier` a `ScoreMultiplier`, `pattern` an `AttentionPattern` (a boolean field).
+    Banded patterns run block-sparsely in self-attention and decode with a rolling cache of
+    their `cache_slots` (`keras_xf.layers.attention.fast_paths`, `caches.RollingCache`).
 
     Args:
         num_heads: int, query heads `τ`.
@@ -130,6 +113,11 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
     >>> y = mha(keras.random.normal((2, 6, 32)), use_causal_mask=True)  # (2, 6, 32)
     """
 
+    cache_dtype = None  # keys and values stay in the dtype `init_cache` gave them
+    # A subclass that narrows the mask by the scores (`_select_keys`) declares it: the
+    # head-major reading of a cache computes no scores.
+    masks_by_scores = False
+
     def __init__(
         self,
         num_heads,
@@ -153,8 +141,9 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
     ):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
-        if head_dim is not None:
-            check_positive_int("head_dim", head_dim)
+        for name, value in (("head_dim", head_dim), ("output_dim", output_dim)):
+            if value is not None:
+                check_positive_int(name, value)
         if num_key_value_heads is None:
             num_key_value_heads = num_heads
         check_positive_int("num_key_value_heads", num_key_value_heads)
@@ -163,8 +152,6 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
                 "num_heads must be a multiple of num_key_value_heads. Received: "
                 f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}"
             )
-        if output_dim is not None:
-            check_positive_int("output_dim", output_dim)
         check_rate("dropout", dropout)
         if scale is not None:
             check_positive_number("scale", scale)
@@ -212,21 +199,8 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         )
 
     def _project(self, dense, inputs):
-        """`dense(inputs)` as one matmul (`keras_xf.layers.head_projections.project`);
-        subclasses override it to transform the projected keys and values."""
+        """`dense(inputs)` as one matmul (`keras_xf.layers.head_projections.project`)."""
         return project(dense, inputs)
-
-    def _fuses_qkv(self):
-        """Whether self-attention projects `q, k, v` with one matmul (`project_fused`): the
-        plain `_project` (a subclass that transforms the projected keys or values keeps three
-        calls), kernels that `fusable` accepts (not quantised, no LoRA, one dtype), and no
-        `ModelParallel` distribution (the kernels are sharded by heads there, and joining them
-        along the sharded axis would gather them across devices)."""
-        return (
-            type(self)._project is MultiHeadAttention._project
-            and not isinstance(keras.distribution.distribution(), keras.distribution.ModelParallel)
-            and fusable([self.query_dense, self.key_dense, self.value_dense])
-        )
 
     def _index_biases(self):
         self._value_term_biases = [b for b in self.biases if b.has_value_term]
@@ -293,23 +267,15 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
         """A zero cache, the head-major pair `(keys [batch_size, num_key_value_heads,
         max_length, qk_dim], values [batch_size, num_key_value_heads, max_length, head_dim])`
         (`qk_dim` is `head_dim` by default); with a pattern that has `cache_slots`,
-        `min(max_length, cache_slots)` rolling slots."""
+        `min(max_length, cache_slots)` rolling slots (`RollingCache`)."""
         if self.head_dim is None:
             raise ValueError(
                 "init_cache needs head_dim: pass head_dim to MultiHeadAttention or build it first."
             )
-        max_length = self._cache_length(max_length)
-        shape = (batch_size, self.num_key_value_heads, max_length)
-        dtype = dtype or self.compute_dtype
-        return (ops.zeros(shape + (self.qk_dim or self.head_dim,), dtype=dtype),
-                ops.zeros(shape + (self.head_dim,), dtype=dtype))
-
-    def _check_width(self, arg, tensor, expected):
-        if expected is not None and tensor.shape[-1] is not None and tensor.shape[-1] != expected:
-            raise ValueError(
-                f"{arg} has width {tensor.shape[-1]}, but the layer was built for {expected}. "
-                f"Received: {arg}.shape={tuple(tensor.shape)}"
-            )
+        return cache_kind(self.pattern).allocate(
+            batch_size, max_length, self.num_key_value_heads, self.qk_dim or self.head_dim,
+            self.head_dim, dtype or self.compute_dtype,
+        )
 
     def call(
         self,
@@ -336,6 +302,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             query, value, key, cache, cache_index, padding_mask, attention_mask,
             attention_bias, attention_multiplier, attention_weights,
         )
+        kind = cache_kind(self.pattern, cache, cache_index, value)
         causal = self.causal if use_causal_mask is None else use_causal_mask
         query_length = ops.shape(query)[1]
         offset = 0 if cache_index is None else ops.cast(cache_index, "int32")
@@ -346,20 +313,12 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             cache, cache_index, value, attention_bias, attention_multiplier, attention_weights,
             return_attention_scores, training,
         )
-        if value is None and key is None and not reuse_cache and self._fuses_qkv():
-            q, k, v = project_fused([self.query_dense, self.key_dense, self.value_dense], query)
-        elif reuse_cache:
-            q = self._project(self.query_dense, query)
-            k, v = (None, None) if head_major else self._read_cache(cache)
-        else:
-            q = self._project(self.query_dense, query)
-            value_input = query if value is None else value
-            key_input = value_input if key is None else key
-            self._check_width("value", value_input, self.value_dense.kernel.shape[0])
-            k = self._project(self.key_dense, key_input)
-            v = self._project(self.value_dense, value_input)
+        # A cache read as it is gives the keys and values (the head-major path reads it itself).
+        q, k, v = self._project_inputs(query, value, key, cache if reuse_cache else None,
+                                       None if head_major else kind)
+        k, v, padding_mask = self._compress_keys_and_values(k, v, padding_mask)
         key_positions = ops.arange(
-            ops.shape(cache[0])[2] if k is None else ops.shape(k)[1], dtype="int32"
+            kind.length(cache) if k is None else ops.shape(k)[1], dtype="int32"
         ) + (offset if value is None else 0)
         if self.position is not None:
             if reuse_cache:
@@ -368,25 +327,19 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
                 q, k = self.position.rotate(q, k, query_positions, key_positions)
 
         if self._block_sparse_applies(q, value, key, attention_mask, cache, cache_index,
-                                      return_attention_scores) and (
-            attention_bias is None and attention_multiplier is None
-            and attention_weights is None and not self._needs_explicit_path(None)
-        ):
+                                      return_attention_scores, attention_bias,
+                                      attention_multiplier, attention_weights):
             return self._project(self.output_dense, self._block_sparse(q, k, v, padding_mask,
                                                                         causal, training))
         valid_keys = None
         new_cache = None
-        if self._is_rolling(cache, cache_index, value):
-            new_cache, k, v, key_positions, valid_keys = self._rolling_cache_update(
-                cache, k, v, offset, padding_mask, attention_mask)
-        elif cache is not None and cache_index is not None:
-            new_cache = update_cache(cache, self._cache_entry(k, v), offset)
-            k, v = (None, None) if head_major else self._read_cache(new_cache)
-            key_positions = ops.arange(ops.shape(new_cache[0])[2], dtype="int32")
-            valid_keys = ops.less(key_positions, offset + query_length)[None, :]
+        if cache is not None and cache_index is not None:
+            kind.check_masks(padding_mask, attention_mask)
+            new_cache, attended, key_positions, valid_keys = kind.write(
+                cache, k, v, offset, query_length)
+            k, v = (None, None) if head_major else kind.read(attended)
         elif cache is not None:
-            new_cache = cache if reuse_cache else tuple(
-                ops.cast(part, cache[0].dtype) for part in self._cache_entry(k, v))
+            new_cache = cache if reuse_cache else kind.fill(cache, k, v)
 
         mask = merge_masks(
             None if padding_mask is None else key_padding_to_attention_mask(padding_mask),
@@ -395,6 +348,7 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             valid_keys,
             self._pattern_mask(q, k, query_positions, key_positions, cache_index),
         )
+        mask = self._select_keys(q, k, mask)
         if head_major:
             outputs = head_major_attention(q, *new_cache, mask=mask, scale=self.scale)
             return join_results(self._project(self.output_dense, outputs), new_cache, None, True)
@@ -406,239 +360,35 @@ class MultiHeadAttention(ScoreExtensionsMixin, SequenceMixer):
             bias = term if bias is None else bias + term
         bias, syntax_multiplier = self._syntax_terms(bias, attention_bias, attention_multiplier, q, k)
 
-        use_dropout = bool(training) and self.dropout > 0
-        explicit = (
-            return_attention_scores
-            or self.multiplier is not None
-            or self._value_term_biases
-            or self._weight_mixers
-            or self._needs_explicit_path(syntax_multiplier)
-        )
-        weights = None
-        if attention_weights is not None:
-            outputs, weights = self._attend_given_weights(
-                attention_weights, v, mask, use_dropout, query_positions, key_positions
-            )
-        elif not explicit:
-            outputs = scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                mask=mask,
-                bias=bias,
-                scale=self.scale,
-                dropout_rate=self.dropout,
-                training=use_dropout,
-                seed_generator=self.seed_generator,
-            )
-        else:
-            scores = attention_scores(q, k, self.scale)
-            if bias is not None:
-                scores = scores + ops.cast(bias, "float32")
-            if self.multiplier is not None:
-                multiplier = self.multiplier(q, k, query_positions, key_positions)
-                scores = scores * ops.cast(multiplier, "float32")
-            if syntax_multiplier is not None:
-                scores = scores * syntax_multiplier
-            weights = masked_softmax(scores, mask)
-            weights = self._mix_weights(weights, q, k, query_positions, key_positions, mask)
-            attended = weights
-            if use_dropout:
-                attended = keras.random.dropout(weights, self.dropout, seed=self.seed_generator)
-            outputs = attend(attended, v)
-            for hook in self._value_term_biases:
-                term = hook.value_term(attended, v, query_positions, key_positions)
-                outputs = outputs + ops.cast(term, outputs.dtype)
+        outputs, weights = self._attend(q, k, v, mask, bias, syntax_multiplier, attention_weights,
+                                        return_attention_scores, training, query_positions,
+                                        key_positions)
         outputs = self._project(self.output_dense, outputs)
 
         extras = {"attention_scores": weights} if return_attention_scores else None
         return join_results(outputs, new_cache, extras, cache is not None)
 
-    def _attends_head_major(self, cache, cache_index, value, attention_bias,
-                            attention_multiplier, attention_weights, return_attention_scores,
-                            training):
-        """Whether this call reads a cache (decoding, or cross-attention to a filled cache)
-        and needs nothing but masks, so that `head_major_attention` attends to the cache in
-        its own `[B, Hkv, S, ·]` layout: no score hooks, pattern, matrices, returned weights
-        or attention dropout."""
-        reads_cache = cache is not None and (
-            cache_index is not None or value is None
-        ) and not self._is_rolling(cache, cache_index, value)
-        return (
-            reads_cache
-            and type(self)._project is MultiHeadAttention._project
-            and type(self)._pattern_mask is MultiHeadAttention._pattern_mask
-            and self.pattern is None
-            and self.multiplier is None
-            and not self.biases
-            and attention_bias is None
-            and attention_multiplier is None
-            and attention_weights is None
-            and not return_attention_scores
-            and not (bool(training) and self.dropout > 0)
-        )
-
-    def _mix_weights(self, weights, q, k, query_positions, key_positions, mask):
-        """The softmax weights after the `mixes_weights` biases, in order."""
-        for hook in self._weight_mixers:
-            weights = hook.mix_weights(weights, q, k, query_positions, key_positions, mask)
-        return weights
-
-    def _pattern_mask(self, q, k, query_positions, key_positions, cache_index):
-        if self.pattern is None:
-            return None
-        if cache_index is not None and not self.pattern.supports_decoding:
-            raise ValueError(
-                f"pattern={type(self.pattern).__name__} does not support cached decoding (the "
-                "field of a query depends on later keys). Received: cache_index with this pattern"
-            )
-        if self.pattern.uses_states:
-            return self.pattern(query_positions, key_positions, query=q, key=k)
-        return self.pattern(query_positions, key_positions)
-
-    def _causal_mask(self, query_positions, key_positions):
-        """`j ≤ i` by absolute positions (keys of a rolling cache are not in position order)."""
-        return ops.greater_equal(query_positions[:, None], key_positions[None, :])
-
-    # Block-sparse attention and the rolling cache of banded patterns (survey §5.1) --------
-    def _block_sparse_applies(self, q, value, key, attention_mask, cache, cache_index,
-                              return_attention_scores):
-        """Whether self-attention with `pattern` runs block-sparsely: the pattern offers it
-        (`block_sparse` and `block_layout`), the length is static, and nothing needs dense
-        scores (no multiplier, no additive biases, no weights returned, no attention_mask, no
-        cache). Otherwise the dense masked path computes the same numbers."""
-        pattern = self.pattern
-        return bool(
-            pattern is not None
-            and pattern.block_sparse
-            and not pattern.uses_states
-            and value is None
-            and key is None
-            and attention_mask is None
-            and cache is None
-            and cache_index is None
-            and not return_attention_scores
-            and self.multiplier is None
-            and not self.biases
-            and isinstance(q.shape[1], int)
-        )
-
-    def _block_sparse(self, q, k, v, padding_mask, causal, training):
-        block_size, offsets = self.pattern.block_layout(q.shape[1])
-        return block_sparse_attention(
-            q,
-            k,
-            v,
-            field=self.pattern.field,
-            block_size=block_size,
-            block_offsets=offsets,
-            padding_mask=padding_mask,
-            causal=causal,
-            scale=self.scale,
-            dropout_rate=self.dropout,
-            training=bool(training) and self.dropout > 0,
-            seed_generator=self.seed_generator,
-        )
-
-    def _cache_length(self, max_length):
-        """`max_length`, or the pattern's `cache_slots` when fewer (a rolling cache)."""
-        slots = None if self.pattern is None else self.pattern.cache_slots
-        return max_length if slots is None else min(max_length, slots)
-
-    def _is_rolling(self, cache, cache_index, value):
-        """A self-attention cache of exactly the pattern's `cache_slots` slots is rolling."""
-        slots = None if self.pattern is None else self.pattern.cache_slots
-        return (
-            slots is not None
-            and cache is not None
-            and cache_index is not None
-            and value is None
-            and cache[0].shape[2] == slots
-        )
-
-    def _rolling_cache_update(self, cache, k, v, offset, padding_mask, attention_mask):
-        """Writes `t` new keys/values into a rolling cache (slot `p mod slots` holds position
-        `p`) and returns `(new_cache, keys, values, key_positions, valid_keys)` to attend to.
-
-        One token is written first with `update_cache` (a `slice_update` at `offset mod
-        slots`), then the query attends to the slots, each at its absolute position. Several
-        tokens (a prompt) attend to the old slots followed by the new keys, and the newest
-        token of each slot is written afterwards. Writes must come in order (each call at the
-        next position, or repeating the latest one), as `generate` does.
-        """
-        if padding_mask is not None or attention_mask is not None:
-            raise ValueError(
-                "A rolling cache holds keys by position modulo its size: padding_mask and "
-                "attention_mask cannot index it. Received: padding_mask="
-                f"{padding_mask is not None}, attention_mask={attention_mask is not None}"
-            )
-        slots = cache[0].shape[2]
-        length = k.shape[1]
-        update = tuple(ops.cast(part, cache[0].dtype) for part in self._cache_entry(k, v))
-        slot_ids = ops.arange(slots, dtype="int32")
-        end = offset + ops.shape(k)[1]
-        if length == 1:
-            new_cache = update_cache(cache, update, ops.mod(offset, slots))
-            keys = new_cache
-            key_positions = offset - ops.mod(offset - slot_ids + slots, slots)
-        else:
-            last = end - 1
-            newest = last - ops.mod(last - slot_ids + slots, slots)
-            index = ops.clip(newest - offset, 0, ops.shape(k)[1] - 1)
-            new_cache = tuple(
-                ops.where((newest >= offset)[None, None, :, None], ops.take(new, index, axis=2),
-                          old)
-                for old, new in zip(cache, update)
-            )
-            keys = tuple(ops.concatenate([old, new], axis=2) for old, new in zip(cache, update))
-            old_positions = offset - 1 - ops.mod(offset - 1 - slot_ids + slots, slots)
-            key_positions = ops.concatenate(
-                [old_positions, ops.arange(ops.shape(k)[1], dtype="int32") + offset]
-            )
-        valid_keys = ops.logical_and(key_positions >= 0, key_positions < end)[None, :]
-        return (new_cache,) + self._read_cache(keys) + (key_positions, valid_keys)
-
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
 
-    def compute_output_spec(
-        self, query, value=None, key=None, cache=None, return_attention_scores=False, **kwargs
-    ):
-        outputs = keras.KerasTensor(
-            self.compute_output_shape(query.shape), dtype=self.compute_dtype
-        )
+    def compute_output_spec(self, query, value=None, key=None, cache=None, cache_index=None,
+                            return_attention_scores=False, **kwargs):
+        outputs, new_cache = self.output_specs(query, cache)
         extras = None
         if return_attention_scores:
-            if cache is not None:
-                key_length = cache[0].shape[2]
-            else:
-                key_length = (query if value is None else value).shape[1]
+            key_length = self._attended_keys(query, value, key, cache, cache_index)[0]
             extras = {"attention_scores": keras.KerasTensor(
                 (query.shape[0], self.num_heads, query.shape[1], key_length), dtype="float32"
             )}
-        return join_results(outputs, new_specs(cache), extras, cache is not None)
+        return join_results(outputs, new_cache, extras, cache is not None)
 
     def get_config(self):
         config = super().get_config()
+        config.update({name: getattr(self, name) for name in _ARGUMENTS})
+        config.update({name: _serialize(getattr(self, name)) for name in _HOOKS})
         config.update(
-            {
-                "num_heads": self.num_heads,
-                "head_dim": self.head_dim,
-                "num_key_value_heads": self.num_key_value_heads,
-                "output_dim": self.output_dim,
-                "use_bias": self.use_bias,
-                "output_bias": self.output_bias,
-                "dropout": self.dropout,
-                "causal": self.causal,
-                "scale": self.scale,
-                "position": _serialize(self.position),
-                "biases": [_serialize(bias) for bias in self.biases],
-                "multiplier": _serialize(self.multiplier),
-                "pattern": _serialize(self.pattern),
-                "guided_heads": self.guided_heads,
-                "qk_dim": self.qk_dim,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            }
+            biases=[_serialize(bias) for bias in self.biases],
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
         )
         return config

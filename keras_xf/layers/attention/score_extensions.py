@@ -1,16 +1,27 @@
-"""Private score-pipeline extensions of `MultiHeadAttention` (survey §3.2-3.3, §5.3.2, §5.4).
+"""The score pipeline of `MultiHeadAttention` past its projections (survey §2.3, §2.6,
+§3.2-3.3, §4.1, §5.3.2, §5.4).
 
 - Syntax matrices `M` given at call time: `Softmax(QKᵀ/√d + M)` (additive) and
   `Softmax(QKᵀ/√d ⊙ M)` (multiplicative), optionally for a subset of heads only (§3.2, §3.3).
-- Low-dimensional queries and keys (`qk_dim = d′`, §5.3.2) and the cache layout they need.
-- Attention weights given from outside (attention-map sharing across layers, §5.4).
+- Low-dimensional queries and keys (`qk_dim = d′`, §5.3.2).
+- The weights and the outputs: the fused kernel, or the explicit path of scores, biases,
+  multiplier, float32 softmax, weight mixers and value terms; or attention weights given from
+  outside (attention-map sharing across layers, §5.4).
+- The pattern and causal masks by absolute positions (§2.6, §5.1).
 """
+
+from collections.abc import Iterable
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_xf.layers.attention.caches.full_cache import FullCache
+from keras_xf.layers.attention.caches.rolling_cache import cache_kind
 from keras_xf.ops.attention import attend
+from keras_xf.ops.attention import attention_scores
+from keras_xf.ops.attention import masked_softmax
+from keras_xf.ops.attention import scaled_dot_product_attention
 from keras_xf.ops.checks import check_attention_mask
 from keras_xf.ops.checks import check_attention_matrix
 from keras_xf.ops.checks import check_key_padding_mask
@@ -26,7 +37,7 @@ class ScoreExtensionsMixin:
 
     def _init_score_extensions(self, guided_heads, qk_dim):
         if guided_heads is not None:
-            if isinstance(guided_heads, int) or not hasattr(guided_heads, "__iter__"):
+            if not isinstance(guided_heads, Iterable):
                 raise ValueError(
                     "guided_heads must be a list of head indices or None. Received: "
                     f"guided_heads={guided_heads}"
@@ -69,35 +80,6 @@ class ScoreExtensionsMixin:
             self.qk_dim is not None and self.qk_dim != self.head_dim
         )
 
-    def _cache_entry(self, key, value):
-        """The cache entries of keys `[B, S, Hkv, d′]` and values `[B, S, Hkv, Dh]`: the pair
-        `(keys [B, Hkv, S, d′], values [B, Hkv, S, Dh])`, head-major. Decoding reads every
-        cached key at every step; head-major, each head's keys are the contiguous operand of
-        its `q·kᵀ` product, and two tensors (not one stacked tensor) make each an operand
-        without a slice copy."""
-        return (ops.transpose(key, (0, 2, 1, 3)),
-                ops.transpose(ops.cast(value, key.dtype), (0, 2, 1, 3)))
-
-    def _read_cache(self, cache):
-        """Keys and values of a cache as `[B, S, Hkv, ·]`, the layout of the other paths."""
-        return tuple(ops.transpose(part, (0, 2, 1, 3)) for part in cache)
-
-    @staticmethod
-    def _check_cache(cache):
-        """A `MultiHeadAttention` cache is the pair `(keys, values)` of `init_cache`."""
-        if cache is None:
-            return
-        if not isinstance(cache, (tuple, list)) or len(cache) != 2 or any(
-            len(getattr(part, "shape", ())) != 4 for part in cache
-        ):
-            shape = getattr(cache, "shape", None)
-            received = (f"a tensor of shape {tuple(shape)}" if shape is not None else
-                        f"{type(cache).__name__} of {len(cache) if isinstance(cache, (tuple, list)) else '?'} entries")
-            raise ValueError(
-                "cache must be the pair (keys [B, Hkv, L, d], values [B, Hkv, L, d]) of "
-                f"init_cache. Received: {received}"
-            )
-
     # Syntax matrices M (§3.2, §3.3) -------------------------------------------------------
 
     def _compressed_length_of(self, length):
@@ -105,38 +87,47 @@ class ScoreExtensionsMixin:
         `CompressedAttention` reduces it."""
         return length
 
+    def _attended_keys(self, query, value, key, cache, cache_index):
+        """`(key_length, keys, input_length)`: the number of keys the queries attend to (static,
+        or `None`), what they are (for error messages), and the length of the key/value inputs
+        that a `padding_mask` covers (before `_compressed_length_of`). They are the cache's
+        when a cache is read (with `cache_index`, or without `value`), else those of `key`,
+        `value` or `query`."""
+        if cache is not None and (cache_index is not None or value is None):
+            kind = cache_kind(self.pattern, cache, cache_index, value)
+            key_length = kind.key_length(cache, static_dim(query.shape[1]))
+            return key_length, kind.describe(cache), key_length
+        name, source = next(
+            (n, t) for n, t in (("key", key), ("value", value), ("query", query)) if t is not None
+        )
+        length = static_dim(source.shape[1])
+        key_length = self._compressed_length_of(length)
+        keys = f"{name}.shape={tuple(source.shape)}"
+        if key_length != length:
+            keys += f" compressed to {key_length} keys"
+        return key_length, keys, length
+
+    def _check_width(self, arg, tensor, expected):
+        """`tensor` `[..., expected]`, the width a projection was built for."""
+        if expected is not None and tensor.shape[-1] is not None and tensor.shape[-1] != expected:
+            raise ValueError(
+                f"{arg} has width {tensor.shape[-1]}, but the layer was built for {expected}. "
+                f"Received: {arg}.shape={tuple(tensor.shape)}"
+            )
+
     def _check_call_masks(self, query, value, key, cache, cache_index, padding_mask,
                           attention_mask, attention_bias, attention_multiplier,
                           attention_weights):
         """Checks the masks and matrices of a call against the queries and the keys they
         attend to, before any of them is used: a wrong length or rank raises the same
-        `ValueError`, naming the argument, on every backend.
-
-        The keys are the cache's positions when a cache is read (with `cache_index`, or
-        without `value`), else those of `key`, `value` or `query`."""
-        self._check_cache(cache)
+        `ValueError`, naming the argument, on every backend (the keys: `_attended_keys`)."""
+        FullCache.check(cache)
         batch, query_length = static_dim(query.shape[0]), static_dim(query.shape[1])
-        rolling = self._is_rolling(cache, cache_index, value)
-        if rolling:
-            # One new token attends to the slots; a prompt to the slots and its own keys.
-            slots = cache[0].shape[2]
-            key_length = slots if query_length == 1 else (
-                None if query_length is None else slots + query_length)
-            keys = f"the rolling cache of {slots} slots"
-        elif cache is not None and (cache_index is not None or value is None):
-            key_length = static_dim(cache[0].shape[2])
-            keys = f"cache keys of shape {tuple(cache[0].shape)} (key_length = keys.shape[2])"
-        else:
-            name, source = next(
-                (n, t) for n, t in (("key", key), ("value", value), ("query", query))
-                if t is not None
-            )
-            key_length = self._compressed_length_of(static_dim(source.shape[1]))
-            keys = f"{name}.shape={tuple(source.shape)}"
-            if key_length != static_dim(source.shape[1]):
-                keys += f" compressed to {key_length} keys"
-        if not rolling:  # a rolling cache refuses both masks (`_rolling_cache_update`)
-            check_key_padding_mask(padding_mask, batch, key_length, keys)
+        key_length, keys, input_length = self._attended_keys(query, value, key, cache,
+                                                             cache_index)
+        kind = cache_kind(self.pattern, cache, cache_index, value)
+        if cache is None or kind.takes_masks:  # a rolling cache refuses both masks
+            check_key_padding_mask(padding_mask, batch, input_length, keys)
             check_attention_mask(attention_mask, batch, query_length, key_length, self.num_heads)
         for name, matrix in (
             ("attention_bias", attention_bias),
@@ -179,14 +170,70 @@ class ScoreExtensionsMixin:
             multiplier = self._guided(self._as_heads(attention_multiplier), 1.0)
         return bias, multiplier
 
-    # Given attention weights (§5.4) -------------------------------------------------------
+    # The weights and the outputs (§2.3, §4.1, §5.4) ----------------------------------------
+
+    def _attend(self, q, k, v, mask, bias, syntax_multiplier, attention_weights,
+                return_weights, training, query_positions, key_positions):
+        """`(outputs [B, T, H, Dh], weights [B, H, T, S] or None)` of the score pipeline: the
+        given `attention_weights`; the fused `scaled_dot_product_attention` when only masks
+        and additive biases are needed; else the explicit path (float32 scores, biases, the
+        multiplier, `masked_softmax`, the weight mixers, then `α·v` and the value terms)."""
+        use_dropout = bool(training) and self.dropout > 0
+        if attention_weights is not None:
+            return self._attend_given_weights(
+                attention_weights, v, mask, use_dropout, query_positions, key_positions
+            )
+        explicit = (
+            return_weights
+            or self.multiplier is not None
+            or self._value_term_biases
+            or self._weight_mixers
+            or self._needs_explicit_path(syntax_multiplier)
+        )
+        if not explicit:
+            outputs = scaled_dot_product_attention(
+                q, k, v, mask=mask, bias=bias, scale=self.scale, dropout_rate=self.dropout,
+                training=use_dropout, seed_generator=self.seed_generator,
+            )
+            return outputs, None
+        scores = attention_scores(q, k, self.scale)
+        if bias is not None:
+            scores = scores + ops.cast(bias, "float32")
+        if self.multiplier is not None:
+            multiplier = self.multiplier(q, k, query_positions, key_positions)
+            scores = scores * ops.cast(multiplier, "float32")
+        if syntax_multiplier is not None:
+            scores = scores * syntax_multiplier
+        weights = self._mix_weights(masked_softmax(scores, mask), q, k, query_positions,
+                                    key_positions, mask)
+        outputs = self._weighted_values(weights, v, use_dropout, query_positions, key_positions)
+        return outputs, weights
+
+    def _mix_weights(self, weights, q, k, query_positions, key_positions, mask):
+        """The softmax weights after the `mixes_weights` biases, in order."""
+        for hook in self._weight_mixers:
+            weights = hook.mix_weights(weights, q, k, query_positions, key_positions, mask)
+        return weights
+
+    def _weighted_values(self, weights, value, use_dropout, query_positions, key_positions):
+        """`α·v` plus the value terms of the biases that have one, with dropout on the
+        weights when `use_dropout`."""
+        attended = weights
+        if use_dropout:
+            attended = keras.random.dropout(weights, self.dropout, seed=self.seed_generator)
+        outputs = attend(attended, value)
+        for hook in self._value_term_biases:
+            term = hook.value_term(attended, value, query_positions, key_positions)
+            outputs = outputs + ops.cast(term, outputs.dtype)
+        return outputs
 
     def _attend_given_weights(
         self, weights, value, mask, use_dropout, query_positions, key_positions
     ):
-        """`α·v` (plus value terms) with weights `[B, H, T, S]` computed elsewhere; entries
-        this call masks are zeroed. Weights `[B, T, S]` or `[B, 1, T, S]` are shared by the
-        heads. Returns `(outputs [B, T, H, Dh], weights [B, H, T, S])`."""
+        """`α·v` (plus value terms) with weights `[B, H, T, S]` computed elsewhere (attention-map
+        sharing, §5.4); entries this call masks are zeroed. Weights `[B, T, S]` or
+        `[B, 1, T, S]` are shared by the heads. Returns `(outputs [B, T, H, Dh], weights
+        [B, H, T, S])`."""
         key_length = static_dim(value.shape[1])
         check_attention_matrix(
             weights, "attention_weights", static_dim(weights.shape[0]), None, key_length,
@@ -197,11 +244,35 @@ class ScoreExtensionsMixin:
             weights = ops.repeat(weights, self.num_heads, axis=1)
         if mask is not None:
             weights = ops.where(mask, weights, ops.zeros_like(weights))
-        attended = weights
-        if use_dropout:
-            attended = keras.random.dropout(weights, self.dropout, seed=self.seed_generator)
-        outputs = attend(attended, value)
-        for hook in self._value_term_biases:
-            term = hook.value_term(attended, value, query_positions, key_positions)
-            outputs = outputs + ops.cast(term, outputs.dtype)
+        outputs = self._weighted_values(weights, value, use_dropout, query_positions,
+                                        key_positions)
         return outputs, weights
+
+    # Masks (§2.6, §5.1) and the keys attended to (§5.3.1) ------------------------------
+
+    def _compress_keys_and_values(self, key, value, padding_mask):
+        """`(keys, values, padding_mask)` that the queries attend to, made from the projected
+        keys and values and the inputs' padding mask: themselves here; `CompressedAttention`
+        reduces their length."""
+        return key, value, padding_mask
+
+    def _select_keys(self, q, k, mask):
+        """The merged mask of the keys each query attends to: `mask` itself here;
+        `CompressedAttention` narrows it by the scores (`masks_by_scores`)."""
+        return mask
+
+    def _pattern_mask(self, q, k, query_positions, key_positions, cache_index):
+        if self.pattern is None:
+            return None
+        if cache_index is not None and not self.pattern.supports_decoding:
+            raise ValueError(
+                f"pattern={type(self.pattern).__name__} does not support cached decoding (the "
+                "field of a query depends on later keys). Received: cache_index with this pattern"
+            )
+        if self.pattern.uses_states:
+            return self.pattern(query_positions, key_positions, query=q, key=k)
+        return self.pattern(query_positions, key_positions)
+
+    def _causal_mask(self, query_positions, key_positions):
+        """`j ≤ i` by absolute positions (keys of a rolling cache are not in position order)."""
+        return ops.greater_equal(query_positions[:, None], key_positions[None, :])

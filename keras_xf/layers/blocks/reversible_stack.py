@@ -15,10 +15,10 @@ from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.cloning import serialize_template
 from keras_xf.layers.residual.residual import make_normalization
-from keras_xf.ops.backend_specific import vjp
 from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_rank
+from keras_xf.ops.gradients import vjp
 
 
 def _reversible_template(block):

@@ -7,11 +7,11 @@ from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.quantized_saving import QuantizedVariableSaving
-from keras_xf.ops.backend_specific import grouped_matmul
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
+from keras_xf.ops.moe import grouped_matmul
 
 SLICES = (None, "columns", "rows")
 # int8: symmetric [-127, 127]; int4: Keras' packed int4 range [-8, 7].

@@ -218,10 +218,8 @@ class MixtureOfExperts(FeedForwardLayer):
                 initializer=clone_initializer(self.bias_initializer))
         if self.shared_experts is not None:
             self.shared_experts.build(inputs_shape)
-        self.statistics.build_variables(self)
-
-    def _variable(self, layer, name):
-        return None if layer is None else getattr(layer, name)
+        self.router_assignments, self.router_dropped, self.router_total = (
+            self.statistics.make_variables(self))
 
     @property
     def expert_kernel_in(self):
@@ -229,7 +227,7 @@ class MixtureOfExperts(FeedForwardLayer):
 
     @property
     def expert_kernel_gate(self):
-        return self._variable(self.experts_gate, "expert_kernel")
+        return None if self.experts_gate is None else self.experts_gate.expert_kernel
 
     @property
     def expert_kernel_out(self):
@@ -241,7 +239,7 @@ class MixtureOfExperts(FeedForwardLayer):
 
     @property
     def expert_bias_gate(self):
-        return self._variable(self.experts_gate, "expert_bias")
+        return None if self.experts_gate is None else self.experts_gate.expert_bias
 
     @property
     def expert_bias_out(self):

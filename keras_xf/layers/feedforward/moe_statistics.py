@@ -3,7 +3,6 @@
 import keras
 from keras import ops
 
-from keras_xf.ops.keras_internals import holds_value
 
 
 class RouterStatistics(keras.metrics.Metric):
@@ -32,16 +31,17 @@ class RouterStatistics(keras.metrics.Metric):
         # A closure keeps the layer out of the metric's tracked state.
         self._layer = lambda: layer
 
-    def build_variables(self, layer):
-        """Creates the count variables on `layer` (called from its `build`)."""
+    @staticmethod
+    def make_variables(layer):
+        """The count variables `(router_assignments [M], router_dropped, router_total)`,
+        weights of `layer` (made in its `build`, which keeps them as its attributes)."""
 
         def count(name, shape):
             return layer.add_weight(name=name, shape=shape, initializer="zeros",
                                     trainable=False, dtype="float32", autocast=False)
 
-        layer.router_assignments = count("router_assignments", (layer.num_experts,))
-        layer.router_dropped = count("router_dropped", ())
-        layer.router_total = count("router_total", ())
+        return (count("router_assignments", (layer.num_experts,)),
+                count("router_dropped", ()), count("router_total", ()))
 
     def record(self, counts, kept, valid):
         """Adds one forward pass: `counts [M]` routed assignments, booleans `kept` (a subset
@@ -81,8 +81,11 @@ class RouterStatistics(keras.metrics.Metric):
 
 
 def _read(variable):
-    """The variable's value; zeros while the JAX trainer holds the state (during a traced
-    step the Keras variable has handed its value over and holds none)."""
-    if not holds_value(variable):
+    """The variable's value; zeros while the JAX trainer holds the state: during an epoch
+    the Keras variable has handed its value over and, read outside the trainer's scope,
+    raises a `TypeError` (it keeps neither a value nor its initializer)."""
+    try:
+        value = variable.value
+    except TypeError:
         return ops.zeros(variable.shape, "float32")
-    return ops.convert_to_tensor(variable.value)
+    return ops.convert_to_tensor(value)

@@ -98,7 +98,6 @@ class AverageAttention(SequenceMixer):
         self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.supports_masking = True
-        self.width = None
 
     def _dense(self, units, name, activation=None):
         return keras.layers.Dense(
@@ -112,7 +111,7 @@ class AverageAttention(SequenceMixer):
         )
 
     def build(self, inputs_shape):
-        self.width = width = self.check_inputs_shape(inputs_shape)
+        width = self.check_inputs_shape(inputs_shape)
         self.ffn_inner = self.ffn_outer = self.gate_dense = None
         if self.use_ffn:
             hidden = self.intermediate_dim or width
@@ -125,25 +124,11 @@ class AverageAttention(SequenceMixer):
             self.gate_dense.build(tuple(inputs_shape[:-1]) + (2 * width,))
         self.built = True
 
-    def init_cache(self, batch_size, max_length=None, dtype=None):
-        """The empty memory `(Σ y = 0 [B, d], count = 0 [B])`, float32 whatever `dtype`."""
-        if not self.built:
-            raise ValueError("init_cache needs a built AverageAttention: call it once or build it.")
-        return ops.zeros((batch_size, self.width), "float32"), ops.zeros((batch_size,), "float32")
+    def cache_shapes(self, batch_size):
+        """The empty memory `(Σ y [B, d], count [B])`, float32 whatever `dtype`."""
+        return [(batch_size, self.input_dim), (batch_size,)]
 
-    def call(
-        self,
-        inputs,
-        padding_mask=None,
-        attention_mask=None,
-        use_causal_mask=None,
-        cache=None,
-        cache_index=None,
-        training=None,
-    ):
-        batch = inputs.shape[0]
-        self.check_call_inputs(inputs, self.width, padding_mask, attention_mask, cache,
-                               [(batch, self.width), (batch,)])
+    def causal_form(self, use_causal_mask, cache):
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
         if cache is not None and not causal:
             raise ValueError(
@@ -151,6 +136,9 @@ class AverageAttention(SequenceMixer):
                 f"cannot be used non-causally. Received: causal={self.causal}, "
                 f"use_causal_mask={use_causal_mask} with a cache"
             )
+        return causal
+
+    def mix(self, inputs, padding_mask, causal, cache, training):
         values = inputs
         if self.use_ffn:
             values = self.ffn_outer(self.ffn_inner(inputs))
@@ -180,18 +168,7 @@ class AverageAttention(SequenceMixer):
             input_gate, forget_gate = ops.split(gates, 2, axis=-1)
             outputs = input_gate * inputs + forget_gate * average
         outputs = outputs * ops.cast(valid, outputs.dtype)[:, :, None]
-        if cache is None:
-            return outputs
         return outputs, new_cache
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
-    def compute_output_spec(self, inputs, cache=None, **kwargs):
-        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        if cache is None:
-            return outputs
-        return outputs, tuple(keras.KerasTensor(c.shape, dtype="float32") for c in cache)
 
     def get_config(self):
         config = super().get_config()

@@ -3,12 +3,12 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.mixers._convolution import SequenceConvolution
-from keras_xf.layers.mixers._convolution import depthwise
-from keras_xf.layers.mixers._convolution import glu
+from keras_xf.layers.mixers.sequence_convolution import SequenceConvolution
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import get_activation
+from keras_xf.ops.convolution import glu
+from keras_xf.ops.convolution import valid_depthwise_convolution
 
 NORMALIZATIONS = ("batch_norm", "layer_norm")
 
@@ -88,7 +88,7 @@ class ConformerConvolution(SequenceConvolution):
         self.inner_dim = None
 
     def build(self, inputs_shape):
-        hidden_dim = self._check_inputs_shape(inputs_shape)
+        hidden_dim = self.check_inputs_shape(inputs_shape)
         if (self.expansion * hidden_dim) % 2:
             raise ValueError(
                 "expansion * hidden_dim must be even (the GLU halves it). Received: "
@@ -124,8 +124,8 @@ class ConformerConvolution(SequenceConvolution):
     def _project_in(self, inputs, training):
         return glu(self.pointwise_in(inputs))
 
-    def _mix(self, padded, signal, training):
-        outputs = depthwise(padded, self.depthwise_kernel)
+    def _convolve(self, padded, signal, training):
+        outputs = valid_depthwise_convolution(padded, self.depthwise_kernel)
         if self.depthwise_bias is not None:
             outputs = outputs + ops.cast(self.depthwise_bias, outputs.dtype)
         return outputs

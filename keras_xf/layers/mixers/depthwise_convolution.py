@@ -2,8 +2,8 @@
 
 import keras
 
-from keras_xf.layers.mixers._convolution import SequenceConvolution
-from keras_xf.layers.mixers._convolution import depthwise
+from keras_xf.layers.mixers.sequence_convolution import SequenceConvolution
+from keras_xf.ops.convolution import valid_depthwise_convolution
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -53,7 +53,7 @@ class DepthwiseConvolution(SequenceConvolution):
     """
 
     def build(self, inputs_shape):
-        hidden_dim = self._check_inputs_shape(inputs_shape)
+        hidden_dim = self.check_inputs_shape(inputs_shape)
         self.kernel = self.add_weight(
             name="kernel",
             shape=(self.kernel_size, hidden_dim),
@@ -69,8 +69,8 @@ class DepthwiseConvolution(SequenceConvolution):
     def _channels(self):
         return int(self.kernel.shape[-1])
 
-    def _mix(self, padded, signal, training):
-        outputs = depthwise(padded, self.kernel)
+    def _convolve(self, padded, signal, training):
+        outputs = valid_depthwise_convolution(padded, self.kernel)
         if self.bias is not None:
             outputs = outputs + keras.ops.cast(self.bias, outputs.dtype)
         return outputs

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.mixers._convolution import HeadConvolution
+from keras_xf.layers.mixers.head_convolution import HeadConvolution
 
 # Positions per block of the tap sum on long sequences: one block's copies and products
 # (2,048 × d floats each) stay in a CPU's caches, where one block of the whole sequence does not.
@@ -75,7 +75,7 @@ class DynamicConvolution(HeadConvolution):
         logits = ops.reshape(logits, (batch, length, self.num_heads, self.kernel_size))
         return self._normalize(logits, training)
 
-    def _mix(self, padded, signal, training):
+    def _convolve(self, padded, signal, training):
         kernels = ops.cast(self.position_kernels(signal, training), signal.dtype)
         batch, length = ops.shape(signal)[0], ops.shape(signal)[1]
         group = self.hidden_dim // self.num_heads

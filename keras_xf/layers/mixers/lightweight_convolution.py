@@ -4,8 +4,8 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.mixers._convolution import HeadConvolution
-from keras_xf.layers.mixers._convolution import depthwise
+from keras_xf.layers.mixers.head_convolution import HeadConvolution
+from keras_xf.ops.convolution import valid_depthwise_convolution
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -73,5 +73,5 @@ class LightweightConvolution(HeadConvolution):
         weights = ops.repeat(weights, self.hidden_dim // self.num_heads, axis=0)  # [d, K]
         return ops.transpose(weights)
 
-    def _mix(self, padded, signal, training):
-        return depthwise(padded, self.channel_kernel(training))
+    def _convolve(self, padded, signal, training):
+        return valid_depthwise_convolution(padded, self.channel_kernel(training))

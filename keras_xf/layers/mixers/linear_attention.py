@@ -3,7 +3,6 @@
 import math
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
@@ -12,33 +11,19 @@ from keras_xf.layers.head_projections import OUT_OF_HEADS
 from keras_xf.layers.head_projections import head_projection
 from keras_xf.layers.head_projections import project
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
+from keras_xf.ops.checks import check_per_head_fractions
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_seed
 from keras_xf.ops.checks import get_initializer
-from keras_xf.ops.convolution import pad_sequence
-from keras_xf.ops.convolution import rolling_cache
-from keras_xf.ops.linear_attention import causal_linear_attention
-from keras_xf.ops.linear_attention import linear_attention
+from keras_xf.ops.linear_attention import FEATURE_MAPS
+from keras_xf.ops.linear_attention import causal_key_convolution
+from keras_xf.ops.linear_attention import decay_logits
+from keras_xf.ops.linear_attention import feature_map_of
+from keras_xf.ops.linear_attention import feature_size
+from keras_xf.ops.linear_attention import normalized_linear_attention
 
-FEATURE_MAPS = ("elu", "relu", "taylor", "random_features", "identity")
 DECAY_MODES = ("learned", "gated")
-
-
-def _check_unit_interval(name, value, num_heads):
-    values = list(value) if isinstance(value, (list, tuple)) else [value]
-    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))
-           or not 0 < v < 1]
-    if bad or (isinstance(value, (list, tuple)) and len(values) != num_heads):
-        raise ValueError(
-            f"{name} must be a float in (0, 1), or a list of one such float per head "
-            f"({num_heads}). Received: {name}={value!r}"
-        )
-    return values if isinstance(value, (list, tuple)) else values * num_heads
-
-
-def _logit(p):
-    return math.log(p) - math.log1p(-p)
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -61,22 +46,19 @@ class LinearAttention(SequenceMixer):
     reads it back. Without it, that binding has to be built from the block's input, where a
     shifted token and the current one overlap.
 
-    Feature maps `φ`: `"elu"` (`elu(x) + 1`), `"relu"`, `"identity"` (only with
-    `normalize=False`), `"taylor"`, the second-order Taylor expansion of
-    `exp(q·k/√d_h)` (the feature map of Based): `φ(x) = [1, x, x_i x_j c_ij (i ≤ j)]` of
-    `x/d_h^{1/4}` with `c_ii = 1/√2`, `c_ij = 1`, so that `φ(q)·φ(k) = 1 + s + s²/2 > 0`
-    with `s = q·k/√d_h` (`m = 1 + d_h + d_h(d_h+1)/2` features: a larger state that keeps
-    more associations apart), and `"random_features"`, the positive random features of Performer
-    (FAVOR+): `φ(x) = exp(ωᵀx − |x|²/2)/√m` applied to `x/d_h^{1/4}`, so that
-    `φ(q)·φ(k) ≈ exp(q·k/√d_h)`; `ω ∈ R^{d_h×m}` is a non-trainable weight drawn from
-    `N(0, 1)` (saved with the model), or redrawn at every training call when `redraw=True`
-    (from the layer's `SeedGenerator`, whose state advances inside compiled train steps; the
-    last draw is written back into the weight, which inference uses).
+    Feature maps `φ` (`keras_xf.ops.linear_attention.feature_map_of`): `"elu"` (`elu(x) + 1`),
+    `"relu"`, `"identity"` (only with `normalize=False`), `"taylor"` (Based's second-order
+    Taylor expansion of `exp(q·k/√d_h)`, `φ(q)·φ(k) = 1 + s + s²/2 > 0`, with
+    `m = 1 + d_h + d_h(d_h+1)/2` features: a larger state that keeps more associations
+    apart), and `"random_features"` (Performer's FAVOR+, `φ(q)·φ(k) ≈ exp(q·k/√d_h)`);
+    `ω ∈ R^{d_h×m}` is a non-trainable weight drawn from `N(0, 1)` (saved with the model), or
+    redrawn at every training call when `redraw=True` (from the layer's `SeedGenerator`, whose
+    state advances inside compiled train steps; the last draw is written back into the
+    weight, which inference uses).
 
-    The causal form is computed chunk-parallel: inside a chunk of `chunk_size` positions a
-    masked quadratic form, across chunks the carried state `(μ, ν)` (a running sum, or the
-    linear recurrence of `keras_xf.ops.scan` when there is a decay; for a sequence length
-    unknown when tracing, a masked sum over chunk pairs). The state is the cache:
+    The causal form is computed chunk-parallel (`causal_linear_attention`): a masked quadratic
+    form inside a chunk of `chunk_size` positions, the carried state `(μ, ν)` across chunks
+    (a running sum, or a linear recurrence when there is a decay). The state is the cache:
     decoding one token updates `(μ, ν)` in `O(m·d_h)` per head, independent of the context
     length (with a key convolution, the cache also holds the last `K − 1` projected keys).
     States and sums are accumulated in float32 under mixed precision; the denominator is
@@ -168,7 +150,8 @@ class LinearAttention(SequenceMixer):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
         check_positive_int("chunk_size", chunk_size)
-        for name, value in (("head_dim", head_dim), ("output_dim", output_dim)):
+        for name, value in (("head_dim", head_dim), ("output_dim", output_dim),
+                            ("key_convolution", key_convolution)):
             if value is not None:
                 check_positive_int(name, value)
         if feature_map not in FEATURE_MAPS:
@@ -193,10 +176,8 @@ class LinearAttention(SequenceMixer):
                 "with normalize=False. Received: feature_map='identity', normalize=True"
             )
         if decay is not None and decay not in DECAY_MODES:
-            _check_unit_interval("decay", decay, num_heads)
-        _check_unit_interval("decay_init", decay_init, num_heads)
-        if key_convolution is not None:
-            check_positive_int("key_convolution", key_convolution)
+            check_per_head_fractions("decay", decay, num_heads)
+        check_per_head_fractions("decay_init", decay_init, num_heads)
         check_positive_number("epsilon", epsilon)
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -222,7 +203,6 @@ class LinearAttention(SequenceMixer):
         self.seed = check_seed(seed)
         self.kernel_initializer = get_initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
-        self.input_dim = None
         # Redraws follow a stream other than the initial draw's (which uses `seed` itself).
         redraw_seed = None if seed is None else seed + 1
         self.seed_generator = keras.random.SeedGenerator(redraw_seed) if self.redraw else None
@@ -238,14 +218,10 @@ class LinearAttention(SequenceMixer):
     @property
     def state_features(self):
         """`m`, the width of `φ(x)` (the rows of `μ`)."""
-        if self.feature_map == "random_features":
-            return self.num_features or 2 * self.head_dim
-        if self.feature_map == "taylor":
-            return 1 + self.head_dim + self.head_dim * (self.head_dim + 1) // 2
-        return self.head_dim
+        return feature_size(self.feature_map, self.head_dim, self.num_features)
 
     def build(self, inputs_shape):
-        self.input_dim = hidden_dim = self.check_inputs_shape(inputs_shape)
+        hidden_dim = self.check_inputs_shape(inputs_shape)
         if self.head_dim is None:
             if hidden_dim % self.num_heads:
                 raise ValueError(
@@ -279,8 +255,8 @@ class LinearAttention(SequenceMixer):
                 shape=(self.key_convolution, heads, dim),
                 initializer=clone_initializer(self.key_convolution_initializer),
             )
-        init = _check_unit_interval("decay_init", self.decay_init, heads)
-        logits = [_logit(a) for a in init]
+        init = check_per_head_fractions("decay_init", self.decay_init, heads)
+        logits = decay_logits(init)
         self.decay_logit = None
         self.gate_dense = None
         if self.decay == "learned":
@@ -304,67 +280,21 @@ class LinearAttention(SequenceMixer):
             self.gate_dense.build(inputs_shape)
         self.built = True
 
-    def init_cache(self, batch_size, max_length=None, dtype=None):
-        """The zero state `(μ [B, H, m, d_h], ν [B, H, m])`, float32 whatever `dtype` (the
-        sums are accumulated in float32), plus the last `K − 1` projected keys
-        `[B, K − 1, H, d_h]` with a key convolution; its size does not depend on
-        `max_length`."""
+    def check_cache_ready(self):
         if self.head_dim is None:
             raise ValueError(
                 "init_cache needs head_dim: pass head_dim to LinearAttention or build it first."
             )
-        return tuple(ops.zeros(shape, "float32") for shape in self._cache_shapes(batch_size))
 
-    def _cache_shapes(self, batch_size):
-        """The shapes of `μ`, `ν` and, with a key convolution, the window of keys."""
+    def cache_shapes(self, batch_size):
+        """The zero state `(μ [B, H, m, d_h], ν [B, H, m])`, float32 whatever `dtype` (the sums
+        are accumulated in float32), plus the last `K − 1` projected keys `[B, K − 1, H, d_h]`
+        with a key convolution; its size does not depend on `max_length`."""
         shape = (batch_size, self.num_heads, self.state_features)
         shapes = [shape + (self.head_dim,), shape]
         if self.key_convolution is not None:
             shapes.append((batch_size, self.key_convolution - 1, self.num_heads, self.head_dim))
         return shapes
-
-    def _convolve_keys(self, k, window):
-        """`k̃_t = Σ_o w_o ⊙ k_{t−o}` over `[window | k]` (zeros before the first position, as
-        the convolutional mixers pad); returns `(k̃, the last K − 1 keys)`."""
-        size, heads, dim = self.key_convolution, self.num_heads, self.head_dim
-        batch = ops.shape(k)[0]
-        history = None if window is None else ops.reshape(window, (batch, size - 1, heads * dim))
-        padded = pad_sequence(ops.reshape(k, (batch, -1, heads * dim)), size, True, history)
-        last = ops.reshape(rolling_cache(padded, size), (batch, size - 1, heads, dim))
-        padded = ops.reshape(padded, (batch, -1, heads, dim))
-        kernel = ops.cast(self.key_convolution_kernel, k.dtype)
-        # Offset o reads padded[K−1−o : len − o], the keys o positions back.
-        mixed = 0.0
-        for o in range(size):
-            mixed = mixed + kernel[o] * padded[:, size - 1 - o:None if o == 0 else -o]
-        return mixed, last
-
-    # Maths -------------------------------------------------------------------------------
-    def _features(self, x, projection, is_query):
-        """`φ(x)` in float32, `[B, T, H, m]`."""
-        x = ops.cast(x, "float32")
-        if self.feature_map == "elu":
-            return ops.elu(x) + 1.0
-        if self.feature_map == "relu":
-            return ops.relu(x)
-        if self.feature_map == "identity":
-            return x
-        x = x * self.head_dim ** -0.25
-        if self.feature_map == "taylor":
-            # [1, x, x_i x_j c_ij (i ≤ j)] with c_ii = 1/√2, c_ij = 1: the products of the
-            # symmetric x xᵀ once each, so that φ(q)·φ(k) = 1 + s + s²/2, s = q·k/√d_h.
-            rows, cols = np.triu_indices(self.head_dim)
-            weights = ops.convert_to_tensor(np.where(rows == cols, math.sqrt(0.5), 1.0), "float32")
-            rows, cols = (ops.convert_to_tensor(i, "int32") for i in (rows, cols))
-            pairs = ops.take(x, rows, axis=-1) * ops.take(x, cols, axis=-1) * weights
-            return ops.concatenate([ops.ones_like(x[..., :1]), x, pairs], axis=-1)
-        exponent = ops.einsum("bthk,km->bthm", x, projection)
-        exponent = exponent - 0.5 * ops.sum(ops.square(x), axis=-1, keepdims=True)
-        if is_query and self.normalize:
-            # A per-query factor cancels in q′μ / q′ν: subtracting the row maximum keeps exp
-            # from overflowing without changing the result.
-            exponent = exponent - ops.stop_gradient(ops.max(exponent, axis=-1, keepdims=True))
-        return ops.exp(exponent) / math.sqrt(self.state_features)
 
     def _log_decay(self, inputs):
         """`(log a_j, 1 − a_j)`, each `[B, T, H]` or `[H]` in float32; `None` without decay."""
@@ -375,23 +305,12 @@ class LinearAttention(SequenceMixer):
         elif self.decay == "gated":
             logit = ops.cast(self.gate_dense(inputs), "float32")
         else:
-            values = _check_unit_interval("decay", self.decay, self.num_heads)
-            logit = ops.convert_to_tensor([_logit(a) for a in values], "float32")
+            values = check_per_head_fractions("decay", self.decay, self.num_heads)
+            logit = ops.convert_to_tensor(decay_logits(values), "float32")
         # log σ(θ) = −softplus(−θ), 1 − σ(θ) = σ(−θ): stable for large |θ|.
         return -ops.softplus(-logit), ops.sigmoid(-logit)
 
-    def call(
-        self,
-        inputs,
-        padding_mask=None,
-        attention_mask=None,
-        use_causal_mask=None,
-        cache=None,
-        cache_index=None,
-        training=None,
-    ):
-        self.check_call_inputs(inputs, self.input_dim, padding_mask, attention_mask, cache,
-                               self._cache_shapes(inputs.shape[0]))
+    def causal_form(self, use_causal_mask, cache):
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
         if cache is not None and use_causal_mask is not None and not use_causal_mask:
             raise ValueError(
@@ -404,7 +323,9 @@ class LinearAttention(SequenceMixer):
                 "decay applies to the causal (recurrent) form. Received: "
                 f"decay={self.decay!r} with use_causal_mask=False"
             )
+        return causal
 
+    def mix(self, inputs, padding_mask, causal, cache, training):
         projection = self.projection
         if self.redraw and training:
             projection = keras.random.normal(
@@ -418,12 +339,10 @@ class LinearAttention(SequenceMixer):
         if self.key_convolution is not None:
             if padding_mask is not None:  # a padded position passes no key to the next ones
                 k = k * ops.cast(padding_mask, k.dtype)[:, :, None, None]
-            k, key_window = self._convolve_keys(k, None if cache is None else cache[2])
-        qf = self._features(q, projection, is_query=True)
-        kf = self._features(k, projection, is_query=False)
-        # [v | 1]: one product gives the numerator q′μ and the denominator q′ν together.
-        values = ops.cast(v, "float32")
-        values = ops.concatenate([values, ops.ones_like(values[..., :1])], axis=-1)
+            k, key_window = causal_key_convolution(k, self.key_convolution_kernel,
+                                                   None if cache is None else cache[2])
+        qf = feature_map_of(q, self.feature_map, projection, stabilize=self.normalize)
+        kf = feature_map_of(k, self.feature_map, projection)
 
         decay = self._log_decay(inputs)
         log_decay = scale = None
@@ -437,42 +356,18 @@ class LinearAttention(SequenceMixer):
             kf = kf * mask[..., None]
             if log_decay is not None:  # the state passes a padded position unchanged
                 log_decay = log_decay * mask
-
+        outputs, sums = normalized_linear_attention(
+            qf, kf, v, causal, log_decay, scale, None if cache is None else cache[:2],
+            normalize=self.normalize, epsilon=self.epsilon, chunk_size=self.chunk_size,
+        )
         new_cache = None
-        if causal:
-            state = None
-            if cache is not None:
-                mu, nu = cache[0], cache[1]
-                state = ops.concatenate(
-                    [ops.cast(mu, "float32"), ops.cast(nu, "float32")[..., None]], axis=-1
-                )
-            mixed, last = causal_linear_attention(
-                qf, kf, values, log_decay, scale, state, chunk_size=self.chunk_size
-            )
-            if cache is not None:
-                new_cache = (last[..., :-1], last[..., -1])
-                if self.key_convolution is not None:
-                    new_cache = new_cache + (key_window,)
-        else:
-            mixed = linear_attention(qf, kf, values)
-        numerator, denominator = mixed[..., :-1], mixed[..., -1:]
-        if self.normalize:
-            outputs = numerator / ops.maximum(denominator, self.epsilon)
-        else:
-            outputs = numerator
+        if cache is not None:
+            new_cache = sums if key_window is None else sums + (key_window,)
         outputs = project(self.output_dense, ops.cast(outputs, self.compute_dtype))
-        if cache is None:
-            return outputs
         return outputs, new_cache
 
-    def compute_output_shape(self, inputs_shape):
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return tuple(inputs_shape[:-1]) + (self.output_dim or inputs_shape[-1],)
-
-    def compute_output_spec(self, inputs, cache=None, **kwargs):
-        outputs = keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
-        if cache is None:
-            return outputs
-        return outputs, tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache)
 
     def get_config(self):
         config = super().get_config()

@@ -8,11 +8,11 @@ from keras import ops
 
 from keras_xf.layers.mixers.depthwise_convolution import DepthwiseConvolution
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
-from keras_xf.layers.mixers.state_space_mixer import _inverse_softplus_dt
-from keras_xf.layers.mixers.state_space_mixer import check_scan_arguments
-from keras_xf.layers.mixers.state_space_mixer import selective_scan
 from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.ssm import check_scan_arguments
+from keras_xf.ops.ssm import selective_scan
+from keras_xf.ops.ssm import step_bias_initializer
 
 # Mamba's discretisation: Ā = exp(ΔA) by zero-order hold, B̄ = ΔB by Euler.
 DISCRETIZATION = "zoh_euler"
@@ -35,7 +35,7 @@ class MambaMixer(SequenceMixer):
         o = (y ⊙ SiLU(z)) W_out (+ b_out)
 
     The convolution is a `DepthwiseConvolution(K, causal=True)` and the recurrence is
-    `selective_scan` of `StateSpaceMixer` (chunked by default: no `[B, T, E, N]` tensor is
+    `keras_xf.ops.ssm.selective_scan` (chunked by default: no `[B, T, E, N]` tensor is
     formed). The selection, the step `Δ`, `A`, the scan and the gate are computed in float32;
     the projections and the convolution in the compute dtype.
 
@@ -113,11 +113,11 @@ class MambaMixer(SequenceMixer):
         self.method = method
         self.chunk_size = chunk_size
         self.supports_masking = True
-        self.width = self.inner_dim = self.rank = None
+        self.inner_dim = self.rank = None
 
     # Weights -------------------------------------------------------------------------------
     def build(self, inputs_shape):
-        self.width = width = self.check_inputs_shape(inputs_shape)
+        width = self.check_inputs_shape(inputs_shape)
         inner = self.inner_dim = self.expand * width
         rank = self.rank = math.ceil(width / 16) if self.dt_rank == "auto" else self.dt_rank
         n = self.state_size
@@ -142,7 +142,7 @@ class MambaMixer(SequenceMixer):
         )
         self.dt_bias = self.add_weight(
             name="dt_bias", shape=(inner,),
-            initializer=_inverse_softplus_dt(math.log(self.dt_min), math.log(self.dt_max)),
+            initializer=step_bias_initializer(self.dt_min, self.dt_max),
         )
         # S4D-Real: A_n = −(n + 1) in every channel.
         a_log = np.tile(np.log(np.arange(1, n + 1, dtype="float64")), (inner, 1))
@@ -159,32 +159,14 @@ class MambaMixer(SequenceMixer):
     def _weight(self, weight):
         return ops.cast(weight, "float32")
 
-    # Cache -----------------------------------------------------------------------------
-    def init_cache(self, batch_size, max_length=None, dtype=None):
-        """`(convolution window [B, K − 1, E], state [B, E, N])`, zeros in float32 whatever
-        `dtype`; neither depends on `max_length`."""
-        if not self.built:
-            raise ValueError("init_cache needs a built MambaMixer: call it once or build it.")
-        return (self.convolution.init_cache(batch_size),
-                ops.zeros((batch_size, self.inner_dim, self.state_size), "float32"))
-
-    def _cache_shapes(self, batch_size):
+    # Cache and forward -------------------------------------------------------------------
+    def cache_shapes(self, batch_size):
+        """`(convolution window [B, K − 1, E], state [B, E, N])`, float32; neither depends on
+        `max_length`."""
         return ((batch_size, self.conv_kernel - 1, self.inner_dim),
                 (batch_size, self.inner_dim, self.state_size))
 
-    # Forward -----------------------------------------------------------------------------
-    def call(
-        self,
-        inputs,
-        padding_mask=None,
-        attention_mask=None,
-        use_causal_mask=None,
-        cache=None,
-        cache_index=None,
-        training=None,
-    ):
-        self.check_call_inputs(inputs, self.width, padding_mask, attention_mask, cache,
-                               self._cache_shapes(inputs.shape[0]))
+    def mix(self, inputs, padding_mask, causal, cache, training):
         x, z = ops.split(self.input_projection(inputs), 2, axis=-1)
         if cache is None:
             x = self.convolution(x, padding_mask=padding_mask)
@@ -211,18 +193,7 @@ class MambaMixer(SequenceMixer):
         outputs = self.output_projection(ops.cast(y, self.compute_dtype))
         if mask is not None:
             outputs = outputs * ops.cast(mask, outputs.dtype)
-        if cache is None:
-            return outputs
-        return outputs, (window, state)
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
-    def compute_output_spec(self, inputs, cache=None, **kwargs):
-        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        if cache is None:
-            return outputs
-        return outputs, tuple(keras.KerasTensor(c.shape, dtype="float32") for c in cache)
+        return outputs, (None if cache is None else (window, state))
 
     def get_config(self):
         config = super().get_config()

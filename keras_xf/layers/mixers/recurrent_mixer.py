@@ -118,7 +118,6 @@ class RecurrentMixer(SequenceMixer):
         )
         self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.supports_masking = True
-        self.input_dim = None
 
     def _state_units(self, width):
         if self.units is not None:
@@ -126,7 +125,7 @@ class RecurrentMixer(SequenceMixer):
         return (width + 1) // 2 if self.bidirectional else width
 
     def build(self, inputs_shape):
-        self.input_dim = width = self.check_inputs_shape(inputs_shape)
+        width = self.check_inputs_shape(inputs_shape)
         self.state_units = self._state_units(width)
         layer_class = keras.layers.LSTM if self.cell == "lstm" else keras.layers.GRU
         rnn = layer_class(
@@ -162,42 +161,33 @@ class RecurrentMixer(SequenceMixer):
             self.output_dense.build(tuple(inputs_shape[:-1]) + (recurrent_width,))
         self.built = True
 
-    def init_cache(self, batch_size, max_length=None, dtype=None):
-        """The zero state, float32 whatever `dtype`: `(h, c)` for an LSTM, `(h,)` for a GRU,
-        each `[B, units]`; its size does not depend on `max_length`."""
+    def check_cache_ready(self):
         if self.bidirectional:
             raise ValueError(
                 "A bidirectional RecurrentMixer reads the whole sequence and has no cache. "
                 "Received: bidirectional=True"
             )
-        if not self.built:
-            raise ValueError("init_cache needs a built RecurrentMixer: call it once or build it.")
-        count = 2 if self.cell == "lstm" else 1
-        return tuple(ops.zeros((batch_size, self.state_units), "float32") for _ in range(count))
+        super().check_cache_ready()
 
-    def call(
-        self,
-        inputs,
-        padding_mask=None,
-        attention_mask=None,
-        use_causal_mask=None,
-        cache=None,
-        cache_index=None,
-        training=None,
-    ):
-        # The padding mask is checked here: Keras's RNN on PyTorch runs over the mask's length,
-        # and the output masking would broadcast a longer mask over a shorter sequence.
-        cache_shape = None
-        if not self.bidirectional:
-            cache_shape = [(inputs.shape[0], self.state_units)] * (2 if self.cell == "lstm" else 1)
-        self.check_call_inputs(inputs, self.input_dim, padding_mask, attention_mask, cache,
-                               cache_shape)
+    def cache_shapes(self, batch_size):
+        """The state, float32 whatever `dtype`: `(h, c)` for an LSTM, `(h,)` for a GRU, each
+        `[B, units]`; its size does not depend on `max_length`. `None` when bidirectional."""
+        if self.bidirectional:
+            return None
+        return [(batch_size, self.state_units)] * (2 if self.cell == "lstm" else 1)
+
+    def causal_form(self, use_causal_mask, cache):
         if self.bidirectional and (cache is not None or use_causal_mask):
             raise ValueError(
                 "A bidirectional RecurrentMixer is non-causal: it takes neither a cache nor "
                 f"use_causal_mask=True. Received: use_causal_mask={use_causal_mask}, "
                 f"cache={'given' if cache is not None else None}"
             )
+        return not self.bidirectional
+
+    def mix(self, inputs, padding_mask, causal, cache, training):
+        # The padding mask is checked by `call`: Keras's RNN on PyTorch runs over the mask's
+        # length, and the output masking would broadcast a longer mask over a shorter sequence.
         mask = None if padding_mask is None else ops.cast(padding_mask, "bool")
         kwargs = {"mask": mask, "training": training}
         if cache is not None:
@@ -209,18 +199,11 @@ class RecurrentMixer(SequenceMixer):
         if mask is not None:
             outputs = outputs * ops.cast(mask, outputs.dtype)[:, :, None]
         if cache is None:
-            return outputs
+            return outputs, None
         return outputs, tuple(ops.cast(s, "float32") for s in states)
 
-    def compute_output_shape(self, inputs_shape):
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return tuple(inputs_shape[:-1]) + (self.output_dim or inputs_shape[-1],)
-
-    def compute_output_spec(self, inputs, cache=None, **kwargs):
-        shape = self.compute_output_shape(inputs.shape)
-        outputs = keras.KerasTensor(shape, dtype=self.compute_dtype)
-        if cache is None:
-            return outputs
-        return outputs, tuple(keras.KerasTensor(s.shape, dtype="float32") for s in cache)
 
     def get_config(self):
         config = super().get_config()

@@ -1,7 +1,10 @@
 """The base of the sequence mixers a `TransformerBlock` takes as its `mixer` (survey §2.1, §5)."""
 
 import keras
+from keras import ops
 
+from keras_xf.layers.block_contract import join_results
+from keras_xf.layers.block_contract import new_specs
 from keras_xf.ops.checks import check_padding_mask
 from keras_xf.ops.checks import check_sequence_width
 from keras_xf.ops.checks import check_state
@@ -21,7 +24,22 @@ class SequenceMixer(keras.layers.Layer):
     makes the cache, whose layout is the mixer's own. `Residual`, `TransformerBlock` and
     `TransformerStack` pass any other call argument to the mixer unchanged.
 
-    Subclasses implement `call` and `init_cache`, and declare:
+    The base owns what every mixer of one sequence `inputs [B, T, d]` does alike, as template
+    methods: `call` checks the inputs, the padding mask, the cache and a refused
+    `attention_mask` (`check_call_inputs`), asks `causal_form` for the form of the call, lets
+    `mix` compute, and returns `outputs` or `(outputs, new_cache)`; `init_cache` makes zeros of
+    `cache_shapes` once `check_cache_ready` allows it; `compute_output_spec` gives the outputs'
+    and the new cache's specs. A subclass of that kind builds its weights (recording the width
+    with `check_inputs_shape`) and defines `cache_shapes`, where it differs `causal_form`,
+    `check_cache_ready` and `compute_output_shape`, and its own maths:
+
+        mix(inputs, padding_mask, causal, cache, training) -> (outputs, new_cache)
+
+    for checked `inputs` `[B, T, d]`, `padding_mask` `[B, T]` or `None`, the form `causal_form`
+    chose and the `cache` (`None`: no cache, and `new_cache` is `None`). A mixer with other call
+    arguments (attention's `query`, `value`, `key`) defines `call` and `init_cache` itself.
+
+    Subclasses declare:
     - `cache_is_recurrent`: the cache is a fixed-size state that each call advances (SSMs,
       linear attention, recurrent and convolution mixers), not a buffer indexed by position,
       so a prompt must be fed through it once, in order, before decoding.
@@ -33,15 +51,24 @@ class SequenceMixer(keras.layers.Layer):
     cache_is_recurrent = False
     no_attention_mask = None
 
+    # The dtype of every tensor of the cache a call returns: float32 for the running states
+    # accumulated in float32; `None` for a cache kept in the dtype it was made with.
+    cache_dtype = "float32"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.input_dim = None  # the width `d` of the inputs, known once built
+
     def check_inputs_shape(self, inputs_shape):
         """The width `d` of `inputs_shape` `[batch, length, d]` given to `build`, which needs
-        it known; else a `ValueError` naming `inputs_shape`."""
+        it known, recorded as `input_dim`; else a `ValueError` naming `inputs_shape`."""
         if len(inputs_shape) != 3 or inputs_shape[-1] is None:
             raise ValueError(
                 f"{type(self).__name__} expects inputs of rank 3 [batch, length, dim] with a "
                 f"known dim. Received: inputs_shape={tuple(inputs_shape)}"
             )
-        return int(inputs_shape[-1])
+        self.input_dim = int(inputs_shape[-1])
+        return self.input_dim
 
     def check_call_inputs(self, inputs, width, padding_mask=None, attention_mask=None,
                           cache=None, cache_shape=None):
@@ -63,3 +90,70 @@ class SequenceMixer(keras.layers.Layer):
                 f"{type(self).__name__} takes no attention_mask: {self.no_attention_mask}. "
                 f"Received: attention_mask.shape={tuple(attention_mask.shape)}"
             )
+
+    # Template methods ------------------------------------------------------------------------
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=None,
+        cache=None,
+        cache_index=None,
+        training=None,
+    ):
+        self.check_call_inputs(inputs, self.input_dim, padding_mask, attention_mask, cache,
+                               self.cache_shapes(inputs.shape[0]))
+        causal = self.causal_form(use_causal_mask, cache)
+        outputs, new_cache = self.mix(inputs, padding_mask, causal, cache, training)
+        return join_results(outputs, new_cache, None, cache is not None)
+
+    def causal_form(self, use_causal_mask, cache):
+        """Whether this call takes the causal form, given `use_causal_mask` (`None`: the
+        layer's default) and whether a cache is given; raises a `ValueError` for a pair the
+        mixer refuses. By default a mixer is causal whatever it is told (an SSM, Mamba)."""
+        return True
+
+    def cache_shapes(self, batch_size):
+        """The shape of the cache, or a list of the shapes of its tensors (a tuple cache);
+        `None` for a mixer without one. `check_call_inputs` checks a given cache against it
+        and `init_cache` makes zeros of it."""
+        return None
+
+    def check_cache_ready(self):
+        """Raises a `ValueError` while `init_cache` cannot make a cache (not built yet)."""
+        if not self.built:
+            raise ValueError(
+                f"init_cache needs a built {type(self).__name__}: call it once or build it."
+            )
+
+    def init_cache(self, batch_size, max_length=None, dtype=None):
+        """The empty cache: zeros of `cache_shapes(batch_size)` in `cache_dtype` (float32)
+        whatever `dtype`; its size does not depend on `max_length` (a running state)."""
+        self.check_cache_ready()
+        shapes = self.cache_shapes(batch_size)
+        if shapes and isinstance(shapes[0], (tuple, list)):
+            return tuple(ops.zeros(shape, self.cache_dtype) for shape in shapes)
+        return ops.zeros(shapes, self.cache_dtype)
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return tuple(inputs_shape)
+
+    def compute_output_spec(self, inputs, *args, cache=None, **kwargs):
+        outputs, new_cache = self.output_specs(inputs, cache)
+        return join_results(outputs, new_cache, None, cache is not None)
+
+    def output_specs(self, inputs, cache=None):
+        """`(outputs, new_cache)` as `KerasTensor`s: the outputs of `compute_output_shape` in
+        the compute dtype, and a cache shaped like `cache` (`None` without one) in
+        `cache_dtype`."""
+        outputs = keras.KerasTensor(
+            self.compute_output_shape(inputs.shape), dtype=self.compute_dtype
+        )
+        if cache is None:
+            return outputs, None
+        if self.cache_dtype is None:
+            return outputs, new_specs(cache)
+        return outputs, keras.tree.map_structure(
+            lambda part: keras.KerasTensor(part.shape, dtype=self.cache_dtype), cache
+        )

@@ -132,11 +132,21 @@ def test_cached_decoding_matches_the_full_pass_with_fusion(rng):
     checks.check_cached_decoding(layer, x)
 
 
-def test_layouts_that_do_not_fuse(rng):
+def test_compression_follows_the_fused_projection(rng):
+    """`CompressedAttention` reduces the keys and values after the projections, so the fused
+    projection gives the outputs of the three separate ones."""
     x = random_normal(rng, (B, T, D))
     compressed = CompressedAttention(H, compressed_length=2, max_length=T)
     compressed(x)
-    assert not compressed._fuses_qkv()  # it transforms the projected keys and values
+    checks.randomize_weights(compressed, rng)
+    assert compressed._fuses_qkv()
+    fused = checks.to_numpy(compressed(x))
+    compressed._fuses_qkv = lambda: False
+    np.testing.assert_allclose(checks.to_numpy(compressed(x)), fused, rtol=1e-5, atol=1e-5)
+
+
+def test_layouts_that_do_not_fuse(rng):
+    x = random_normal(rng, (B, T, D))
     quantized = MultiHeadAttention(H)
     quantized(x)
     expected = checks.to_numpy(quantized(x))

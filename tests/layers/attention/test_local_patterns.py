@@ -14,7 +14,7 @@ from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import RotaryEmbedding
 from keras_xf.layers import StridedPattern
 from keras_xf.layers import TransformerBlock
-from keras_xf.layers.attention import multi_head_attention as mha_module
+from keras_xf.layers.attention import fast_paths
 from keras_xf.models import CausalLM
 from tests import layer_checks as checks
 from tests.layer_checks import padding_mask
@@ -46,13 +46,13 @@ def _dense(pattern, queries, keys):
 def spy(monkeypatch):
     """Counts the calls of the block-sparse kernel made by MultiHeadAttention."""
     calls = []
-    original = mha_module.block_sparse_attention
+    original = fast_paths.block_sparse_attention
 
     def counting(*args, **kwargs):
         calls.append(kwargs["block_size"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(mha_module, "block_sparse_attention", counting)
+    monkeypatch.setattr(fast_paths, "block_sparse_attention", counting)
     return calls
 
 

@@ -150,35 +150,6 @@ def test_fully_padded_rows_give_zeros_not_nan(rng):
             np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-4)
 
 
-def test_random_features_approximate_softmax_attention(rng):
-    """With many features, `D⁻¹Q′(K′ᵀV)` approaches `Softmax(QKᵀ/√d_h)V` (Performer)."""
-    x = 0.5 * random_normal(rng, (B, T, D))
-    layer = LinearAttention(H, feature_map="random_features", num_features=4096, seed=0,
-                            use_bias=False)
-    layer.build(x.shape)
-    q, k, v = (_project(d, x, "btd,dhk->bthk")
-               for d in (layer.query_dense, layer.key_dense, layer.value_dense))
-    approx = to_float64(layer._features(q, layer.projection, True))
-    keys = to_float64(layer._features(k, layer.projection, False))
-    mixed = ref.linear_attention(approx, keys, v, causal=False)[0]
-    exact = ref.softmax_attention(q, k, v)
-    assert np.abs(mixed - exact).mean() < 0.05 * np.abs(exact).mean() + 1e-3
-
-
-def test_taylor_features_give_the_second_order_expansion_of_exp(rng):
-    """`φ(q)·φ(k) = 1 + s + s²/2` with `s = q·k/√d_h` (the Taylor kernel of Based)."""
-    layer = LinearAttention(H, feature_map="taylor")
-    layer.build((B, T, D))
-    q, k = rng.normal(size=(2, B, T, H, D // H)).astype("float32")
-    features = [to_float64(layer._features(t, None, is_query))
-                for t, is_query in ((q, True), (k, False))]
-    dim = D // H  # the distinct products x_i x_j, i ≤ j
-    assert features[0].shape[-1] == layer.state_features == 1 + dim + dim * (dim + 1) // 2
-    s = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(D // H)
-    kernel = np.einsum("bthm,bshm->bhts", *features)
-    np.testing.assert_allclose(kernel, 1 + s + s * s / 2, rtol=1e-4, atol=1e-4)
-
-
 def test_redraw_draws_new_features_when_training(rng):
     x = random_normal(rng, (B, T, D))
     layer = LinearAttention(H, feature_map="random_features", redraw=True, seed=4)

@@ -8,7 +8,6 @@ import pytest
 from keras_xf.layers import FeedForward
 from keras_xf.layers import StateSpaceMixer
 from keras_xf.layers import TransformerBlock
-from keras_xf.layers.mixers.state_space_mixer import discretize
 from tests import layer_checks as checks
 from tests.layers.bad_inputs import bad_padding_masks
 from tests.layers.bad_inputs import raises_naming
@@ -81,34 +80,6 @@ def test_hippo_initialisations_match_the_survey_formulas():
         layer.build((None, None, WIDTH))
         a = -np.exp(_w(layer, "a_log")) + (1j * _w(layer, "a_imag") if layer.complex else 0)
         np.testing.assert_allclose(a[3], reference.hippo_diagonal(init, 8), rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("complex_a", [False, True])
-def test_zoh_euler_takes_a_bar_from_zoh_and_b_bar_from_euler(rng, complex_a):
-    # Mamba's rule: Ā = exp(ΔA) (zero-order hold), B̄ = ΔB (Euler).
-    dt = rng.uniform(0.05, 0.5, size=(3, 1)).astype("float32")
-    a_re = -rng.uniform(0.5, 2.0, size=(3, 4)).astype("float32")
-    a_im = rng.normal(size=(3, 4)).astype("float32") if complex_a else None
-    b_re, b_im = rng.normal(size=(2, 3, 4)).astype("float32")
-    b_im = b_im if complex_a else None
-    (ar, ai), (br, bi) = discretize("zoh_euler", dt, a_re, a_im, b_re, b_im)
-    a = a_re + (1j * a_im if complex_a else 0)
-    b = b_re + (1j * b_im if complex_a else 0)
-    a_bar, b_bar = reference.discretize("zoh_euler", dt, a, b)
-    np.testing.assert_allclose(np.exp(dt * a), a_bar)
-    np.testing.assert_allclose(dt * b, b_bar)
-    np.testing.assert_allclose(checks.to_numpy(ar), a_bar.real, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(checks.to_numpy(br), b_bar.real, rtol=1e-5, atol=1e-6)
-    if complex_a:
-        np.testing.assert_allclose(checks.to_numpy(ai), a_bar.imag, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(checks.to_numpy(bi), b_bar.imag, rtol=1e-5, atol=1e-6)
-    else:
-        assert ai is None and bi is None
-    # Ā is the zero-order hold's, B̄ Euler's.
-    (zoh_r, _), _ = discretize("zoh", dt, a_re, a_im, b_re, b_im)
-    _, (euler_r, _) = discretize("euler", dt, a_re, a_im, b_re, b_im)
-    np.testing.assert_allclose(checks.to_numpy(ar), checks.to_numpy(zoh_r), rtol=1e-6)
-    np.testing.assert_allclose(checks.to_numpy(br), checks.to_numpy(euler_r), rtol=1e-6)
 
 
 @pytest.mark.parametrize("init,discretization", LTI_CASES)
