@@ -1,5 +1,8 @@
-"""`keras_xf.ops.backend_specific` is the one module (with `export.py`) that talks to the
-backends: no other module imports TensorFlow, JAX or PyTorch or reads `keras.config.backend()`."""
+"""The modules that talk to the backends are few and named: `keras_xf.ops.backend_specific`,
+the generation loop's compiled and traced bodies (`generation/compile.py`,
+`generation/traced_loop.py`), the functional model's PyTorch module set-up
+(`models/backbones/torch_module.py`) and the export package. No other module imports
+TensorFlow, JAX or PyTorch or reads `keras.config.backend()`."""
 
 import ast
 import pathlib
@@ -7,7 +10,9 @@ import pathlib
 import keras_xf
 
 _PACKAGE = pathlib.Path(keras_xf.__file__).parent
-_ALLOWED = {"ops/backend_specific.py", "export.py"}
+_ALLOWED = {"ops/backend_specific.py", "generation/compile.py", "generation/traced_loop.py",
+            "models/backbones/torch_module.py"}
+_ALLOWED_FOLDERS = ("export/",)
 _FRAMEWORKS = {"tensorflow", "jax", "jaxlib", "torch"}
 
 
@@ -42,13 +47,13 @@ def test_only_backend_specific_talks_to_the_backends():
     offenders = []
     for path in sorted(_PACKAGE.rglob("*.py")):
         relative = path.relative_to(_PACKAGE).as_posix()
-        if relative in _ALLOWED:
+        if relative in _ALLOWED or relative.startswith(_ALLOWED_FOLDERS):
             continue
         for line, what in _backend_uses(ast.parse(path.read_text(), filename=str(path))):
             offenders.append(f"keras_xf/{relative}:{line}: {what}")
-    assert not offenders, "move these into keras_xf/ops/backend_specific.py:\n" + "\n".join(
-        offenders
-    )
+    assert not offenders, (
+        "move these beside the concern they serve, into a module listed here:\n"
+        + "\n".join(offenders))
 
 
 def test_backend_specific_does_the_talking():
