@@ -127,7 +127,8 @@ def test_saved_model_serves_the_declared_model(tmp_path, rng):
     model = ProbabilityClassifier(num_classes=3, **{**SIZES, "num_layers": 1})
     path = model.export(str(tmp_path / "saved_model"), verbose=False)
     inputs = token_batch(rng, lengths=(8, 5))
-    served = tf.saved_model.load(path).serve({k: tf.constant(v) for k, v in inputs.items()})
+    loaded = tf.saved_model.load(path)  # kept: it owns the variables
+    served = loaded.serve({k: tf.constant(v) for k, v in inputs.items()})
     expected = keras.ops.softmax(model.predict(inputs, verbose=0))
     np.testing.assert_allclose(np.asarray(served), to_numpy(expected), atol=1e-5)
     np.testing.assert_allclose(np.asarray(served).sum(-1), 1.0, atol=1e-5)
