@@ -1,37 +1,64 @@
 """Compiling a whole decoding loop once per shape: XLA on TensorFlow and JAX, eager on PyTorch.
 
-`keras.ops` has no portable "compile this function" call; the backend-specific bodies live in
-`keras_xf.ops.backend_specific`, and this module keeps the names generation uses. The loop
-body itself is written with `keras.ops` (including `keras.ops.while_loop`).
+The loop body itself is written with `keras.ops` (including `keras.ops.while_loop`); what
+`keras.ops` cannot express is the "compile this function" call, which talks to each backend
+here, beside the loop it serves (keras-hub's generation does the same).
 """
 
-from keras_xf.ops import backend_specific
+import keras
 
 
 def compile_generate_function(model, function, sampler):
-    """Returns `f(*tensors)` running `function(*tensors)` compiled for the backend
-    (`backend_specific.compile_function`): `tf.function(jit_compile=True)` on TensorFlow,
-    `jax.jit` over the model and sampler state on JAX, the eager function under
-    `torch.no_grad()` on PyTorch. Shapes that were seen before reuse the compiled program."""
-    return backend_specific.compile_function(model, function, sampler)
+    """Returns `f(*tensors)` running `function(*tensors)` compiled for the backend.
 
+    Why not `keras.ops`: it has no portable "compile this function" call. TensorFlow:
+    `tf.function(jit_compile=True)`; JAX: `jax.jit` over the model and sampler state (a
+    stateless call, so the variables are inputs rather than constants); PyTorch: the eager
+    function under `torch.no_grad()` (the loop's step is traced instead, see
+    `keras_xf.generation.traced_loop`). Shapes that were seen before reuse the compiled
+    program. `model` is what the loop reads variables from (a model, or
+    `GenerationVariables`).
+    """
+    name = keras.config.backend()
+    if name == "tensorflow":
+        import tensorflow as tf
 
-def trace_decoding_step(model, function):
-    """Returns `function(*tensors)` for the decoding loop's step: on PyTorch a TorchScript
-    trace per input shapes, elsewhere `function` itself (`backend_specific.trace_step`)."""
-    return backend_specific.trace_step(model, function)
+        return tf.function(function, jit_compile=True, reduce_retracing=True)
+    if name == "jax":
+        import jax
 
+        sampler_variables = list(sampler.variables)
+        model_variables = list(model.variables)
 
-def traces_whole_loop_body(sampler):
-    """Whether `traced_run_loop` traces the sampler's loop body (PyTorch, greedy search)."""
-    return backend_specific.traces_whole_loop_body(sampler)
+        @jax.jit
+        def stateless(sampler_state, model_state, *args):
+            mapping = list(zip(sampler_variables, sampler_state)) + list(
+                zip(model_variables, model_state)
+            )
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                outputs = function(*args)
+            new_sampler_state = [scope.get_current_value(v) for v in sampler_variables]
+            return outputs, new_sampler_state
 
+        def run(*args):
+            outputs, new_state = stateless(
+                [v.value for v in sampler_variables], [v.value for v in model_variables], *args
+            )
+            for variable, value in zip(sampler_variables, new_state):
+                if value is not None:
+                    variable.assign(value)
+            return outputs
 
-def traced_run_loop(model, sampler):
-    """A copy of `sampler` whose loop body is one TorchScript trace per input shapes on
-    PyTorch, or `sampler` itself where `traces_whole_loop_body` says no
-    (`backend_specific.traced_sampler`)."""
-    return backend_specific.traced_sampler(model, sampler)
+        return run
+    if name == "torch":
+        import torch
+
+        def run(*args):
+            with torch.no_grad():
+                return function(*args)
+
+        return run
+    return function
 
 
 class CompiledFunctions:
@@ -56,26 +83,3 @@ class CompiledFunctions:
 
     def __len__(self):
         return len(self._functions)
-
-
-class GenerationVariables:
-    """The variables that a decoding loop reads: a model's and those of layers that run in
-    the loop beside it (a stop classifier). Stands for the model where the compiled loop
-    takes its state (`compile_generate_function`, `traced_run_loop`, keras-hub's `run_loop`
-    on JAX), so that those layers' weights are inputs of the compiled program, read anew at
-    every call, rather than constants captured when it was traced."""
-
-    def __init__(self, model, *layers):
-        self._owners = (model, *layers)
-
-    @property
-    def variables(self):
-        return [v for owner in self._owners for v in owner.variables]
-
-    @property
-    def trainable_variables(self):
-        return [v for owner in self._owners for v in owner.trainable_variables]
-
-    @property
-    def non_trainable_variables(self):
-        return [v for owner in self._owners for v in owner.non_trainable_variables]

@@ -2,6 +2,7 @@
 
 from keras_xf.training.batching import language_model_examples
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
+from keras_xf.training.chunked_loss_model import ChunkedLossModel
 from keras_xf.training.early_exit_loss import EarlyExitLoss
 from keras_xf.training.early_exit_loss import final_exit_accuracy
 from keras_xf.training.distiller import Distiller

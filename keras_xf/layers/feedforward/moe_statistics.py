@@ -4,7 +4,6 @@ import keras
 from keras import ops
 
 
-
 class RouterStatistics(keras.metrics.Metric):
     """Expert load and drop rate of a `MixtureOfExperts`, as entries of `fit` / `evaluate` logs.
 

@@ -8,6 +8,7 @@ from keras_xf.models.generative.generative_task import GenerativeTask
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import token_sample_weight
 from keras_xf.ops.exit_criteria import stop_labels
+from keras_xf.training.chunked_loss_model import ChunkedLossModel
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -50,7 +51,7 @@ class StopClassifierTrainer(keras.Model):
             lm = keras.saving.deserialize_keras_object(lm)
         if isinstance(stop_classifier, dict):
             stop_classifier = keras.saving.deserialize_keras_object(stop_classifier)
-        if not isinstance(lm, GenerativeTask) or not hasattr(lm, "_training_hidden"):
+        if not isinstance(lm, GenerativeTask) or not isinstance(lm, ChunkedLossModel):
             raise ValueError(
                 "lm must be a GenerativeTask whose top-layer states it trains with "
                 f"(CausalLM). Received: lm={type(lm).__name__}"
@@ -79,7 +80,7 @@ class StopClassifierTrainer(keras.Model):
 
     def call(self, inputs, training=False):
         check_model_inputs(self.lm, inputs)
-        hidden = ops.stop_gradient(self.lm._training_hidden(inputs, training=False))
+        hidden = ops.stop_gradient(self.lm.final_hidden_states(inputs, training=False))
         return self.stop_classifier(hidden, training=training)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):

@@ -2,10 +2,12 @@
 
 import keras
 
+from keras_xf.export import ExportEndpoints
 from keras_xf.export import export_model
-from keras_xf.ops.backend_specific import register_module_parameters
-from keras_xf.ops.backend_specific import sets_attributes_before_module_init
+from keras_xf.export import input_specs
 from keras_xf.models.backbones.arguments import check_model_inputs
+from keras_xf.models.backbones.torch_module import register_module_parameters
+from keras_xf.models.backbones.torch_module import sets_attributes_before_module_init
 
 
 class FunctionalModel(keras.Model):
@@ -15,7 +17,14 @@ class FunctionalModel(keras.Model):
     `super().__init__(inputs, outputs, dtype=…)`, then record their hyperparameters with
     `arguments.record_config(self, locals())`; `get_config` returns them and `from_config`
     is `cls(**config)`. Call inputs are checked against the model's named inputs.
+
+    What the model exports it declares through `export_endpoints()` (read by
+    `keras_xf.export`, which knows no model class).
     """
+
+    # The longest sequence the model takes (its position table), or `None`: unbounded, or
+    # that of a sub-model (a task's backbone). Models with the argument record it.
+    max_sequence_length = None
 
     def __init__(self, *args, dtype=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -74,6 +83,16 @@ class FunctionalModel(keras.Model):
         """
         return export_model(self, filepath, format=format, verbose=verbose,
                             input_signature=input_signature, **kwargs)
+
+    def export_endpoints(self):
+        """What `model.export` writes: an `keras_xf.export.ExportEndpoints` whose `serve`
+        endpoint is the model's call on its named inputs (their `keras.InputSpec`s), with
+        free lengths bounded by the smallest `max_sequence_length` of the model and its
+        sub-models. A generating task adds its generation steps (`GenerativeTask`)."""
+        limits = [layer.max_sequence_length for layer in self._flatten_layers()
+                  if isinstance(layer, FunctionalModel) and layer.max_sequence_length]
+        return ExportEndpoints(serve=self, inputs=input_specs(self.input),
+                               max_sequence_length=min(limits) if limits else None)
 
     def __call__(self, *args, **kwargs):
         # Checked before Keras' own input checks and any backend op, so that a bad input

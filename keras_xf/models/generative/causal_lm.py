@@ -8,10 +8,11 @@ from keras_xf.models.backbones.arguments import task_backbone
 from keras_xf.models.generative.generative_task import GenerativeTask
 from keras_xf.models.backbones.presets import preset_config
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
+from keras_xf.training.chunked_loss_model import ChunkedLossModel
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class CausalLM(GenerativeTask):
+class CausalLM(ChunkedLossModel, GenerativeTask):
     """`P(y_i | y_<i) = Softmax(h_i W_o)`: a causal `TransformerBackbone` and an output layer.
 
     The output projection is the token embedding reversed (tied, survey §5.4) unless the
@@ -122,8 +123,20 @@ class CausalLM(GenerativeTask):
         logits, hidden, cache = self.call_with_cache(token_ids, cache, cache_index)
         return logits[:, 0], hidden[:, 0], cache
 
-    def _training_hidden(self, inputs, training):
+    # What `ChunkedLossModel` declares ------------------------------------------------------
+    def final_hidden_states(self, inputs, training=None):
+        """The backbone's outputs `h` `[B, T, d]`, whose logits are `_logits(h)`: the output
+        embedding reversed and nothing more."""
         return self.backbone(inputs, training=training)
+
+    def output_table(self):
+        """The output embedding as a `[V, d]` table `E` in the compute dtype, so that
+        `_logits(h) = float32(h · Eᵀ)`: the token embedding, or the separate output matrix
+        transposed when the weights are not tied."""
+        embedding = self.backbone.embeddings.token_embedding
+        if embedding.tie_weights:
+            return ops.cast(embedding.embeddings, embedding.compute_dtype)
+        return ops.transpose(ops.cast(embedding.reverse_embeddings, embedding.compute_dtype))
 
     def _uncached_hidden(self, token_ids, context):
         return self.backbone({"token_ids": token_ids, "padding_mask": ops.ones_like(token_ids)},

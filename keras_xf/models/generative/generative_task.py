@@ -1,19 +1,16 @@
 """The base of the generating tasks: `generate` written once (survey §2.7, §6)."""
 
-import contextlib
+import dataclasses
 import functools
-import threading
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_xf.export import GenerationSteps
 from keras_xf.generation.compile import CompiledFunctions
-from keras_xf.generation.compile import GenerationVariables
 from keras_xf.generation.compile import compile_generate_function
-from keras_xf.generation.compile import trace_decoding_step
-from keras_xf.generation.compile import traced_run_loop
-from keras_xf.generation.compile import traces_whole_loop_body
+from keras_xf.generation.generation_variables import GenerationVariables
 from keras_xf.generation.prompts import output_padding_mask
 from keras_xf.generation.prompts import pack_prompts
 from keras_xf.generation.sampling import SAMPLER_NAMES
@@ -21,15 +18,17 @@ from keras_xf.generation.sampling import check_rule_sampler
 from keras_xf.generation.sampling import get_sampler
 from keras_xf.generation.sampling import sample_with_stop_rule
 from keras_xf.generation.sampling import stops_on_tensor
-from keras_xf.layers.heads.stop_classifier import StopClassifier
+from keras_xf.generation.traced_loop import trace_decoding_step
+from keras_xf.generation.traced_loop import traced_run_loop
+from keras_xf.generation.traced_loop import traces_whole_loop_body
 from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.models.backbones.functional_model import FunctionalModel
+from keras_xf.models.generative.generation_arguments import build_stop_classifier
+from keras_xf.models.generative.generation_arguments import check_stop_margin
+from keras_xf.models.generative.generation_arguments import check_stop_token_ids
+from keras_xf.ops.checks import check_positive_int
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
-
-# The ids of the models whose training or evaluation step is running in this thread with a
-# `ChunkedCrossEntropy`: their forward pass stops at the hidden states. Per thread, since
-# TensorFlow's distribution strategies trace one replica per thread.
-_LOSS_PASS = threading.local()
+from keras_xf.training.chunked_loss_model import chunked_loss_metrics
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -64,10 +63,12 @@ class GenerativeTask(FunctionalModel):
       `(logits [B, V], hidden [B, d], cache)`;
     - `_uncached_hidden(token_ids, context)`: the full pass, `[B, L, d]`;
     - `_output_embeddings`: the token embedding whose reverse gives the logits;
-    - `_generation_stack`: the decoder `TransformerStack` that the cache belongs to;
-    - `_training_hidden(inputs, training)` (optional): the hidden states `[B, T, d]` whose
-      logits are `_logits(hidden)`, the output embedding reversed and nothing more. A task
-      that has it can train with `ChunkedCrossEntropy`.
+    - `_generation_stack`: the decoder `TransformerStack` that the cache belongs to.
+
+    `export_endpoints()` declares these steps to `keras_xf.export` (`GenerationSteps`). A
+    task whose logits are its output embedding reversed and nothing more can also be a
+    `keras_xf.training.ChunkedLossModel` (`CausalLM`), and then train with
+    `ChunkedCrossEntropy`.
 
     Args:
         *args, **kwargs: the functional `keras.Model` arguments of the subclass.
@@ -77,12 +78,9 @@ class GenerativeTask(FunctionalModel):
     prompt_keys = ("token_ids", "padding_mask")
 
     def __init__(self, *args, pad_token_id=0, **kwargs):
-        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)) or (
-            pad_token_id < 0
-        ):
-            raise ValueError(f"pad_token_id must be an int >= 0. Received: pad_token_id={pad_token_id!r}")
+        pad_token_id = check_positive_int("pad_token_id", pad_token_id, minimum=0)
         super().__init__(*args, **kwargs)
-        self.pad_token_id = int(pad_token_id)
+        self.pad_token_id = pad_token_id
         self._set_sampler("greedy")
 
     def compile(self, optimizer="auto", loss="auto", weighted_metrics="auto", sampler="greedy",
@@ -103,78 +101,13 @@ class GenerativeTask(FunctionalModel):
         if isinstance(loss, str) and loss == "chunked_cross_entropy":
             loss = ChunkedCrossEntropy()
         if isinstance(loss, ChunkedCrossEntropy):
-            weighted_metrics = self._check_chunked_loss(weighted_metrics, **kwargs)
+            weighted_metrics = chunked_loss_metrics(self, weighted_metrics, **kwargs)
         if loss == "auto":
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         if weighted_metrics == "auto":
             weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
         self._set_sampler(sampler)
         super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
-
-    def _check_chunked_loss(self, weighted_metrics, metrics=None, loss_weights=None, **kwargs):
-        """`weighted_metrics` for a `ChunkedCrossEntropy` (`"auto"`: none), or a ValueError."""
-        if not hasattr(self, "_training_hidden"):
-            raise ValueError(
-                "loss=ChunkedCrossEntropy needs a task whose logits are its output embedding "
-                "reversed (CausalLM). Received: loss=ChunkedCrossEntropy for "
-                f"{type(self).__name__}"
-            )
-        if isinstance(weighted_metrics, str) and weighted_metrics == "auto":
-            weighted_metrics = None
-        for name, value in (("metrics", metrics), ("weighted_metrics", weighted_metrics),
-                            ("loss_weights", loss_weights)):
-            if value is not None and not (isinstance(value, (list, tuple, dict)) and not value):
-                raise ValueError(
-                    f"{name} cannot be used with loss=ChunkedCrossEntropy: training never forms "
-                    "the logits that metrics read. Leave it out (fit reports the loss), or "
-                    "compile with a plain loss to compute metrics. Received: "
-                    f"{name}={value!r}"
-                )
-        return weighted_metrics
-
-    # Training without the logits (`ChunkedCrossEntropy`) ----------------------------------
-    @contextlib.contextmanager
-    def _loss_pass(self):
-        """Within this context (a `fit` or `evaluate` step) a model compiled with a
-        `ChunkedCrossEntropy` returns hidden states from `call` and computes its loss from
-        them. `train_step` and `test_step` enter it, so `predict` and plain calls are not
-        affected; it is a Python flag read while the step is traced or run."""
-        if not isinstance(getattr(self, "loss", None), ChunkedCrossEntropy):
-            yield
-            return
-        active = getattr(_LOSS_PASS, "models", frozenset())
-        _LOSS_PASS.models = active | {id(self)}
-        try:
-            yield
-        finally:
-            _LOSS_PASS.models = active
-
-    def _in_loss_pass(self):
-        return id(self) in getattr(_LOSS_PASS, "models", ())
-
-    def train_step(self, *args, **kwargs):
-        with self._loss_pass():
-            return super().train_step(*args, **kwargs)
-
-    def test_step(self, *args, **kwargs):
-        with self._loss_pass():
-            return super().test_step(*args, **kwargs)
-
-    def call(self, inputs, training=None, mask=None, **kwargs):
-        if self._in_loss_pass():
-            return self._training_hidden(inputs, training)
-        return super().call(inputs, training=training, mask=mask, **kwargs)
-
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        """Keras' `compute_loss`; in a `ChunkedCrossEntropy` step `y_pred` holds the hidden
-        states, and the loss (its gradient formed with it when `training`) comes from them
-        and the output embedding, plus the model's added losses as Keras adds them."""
-        if not self._in_loss_pass():
-            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
-        losses = [self.loss.from_hidden(y, y_pred, self._output_table(), sample_weight,
-                                        with_gradient=bool(training))]
-        losses.extend(self._aggregate_additional_loss(loss) for loss in self.losses)
-        return losses[0] if len(losses) == 1 else ops.sum(ops.stack(losses))
 
     def _set_sampler(self, sampler):
         # A known name is resolved when first used: importing keras-hub takes seconds and
@@ -235,7 +168,9 @@ class GenerativeTask(FunctionalModel):
         """
         if not isinstance(use_cache, bool):
             raise ValueError(f"use_cache must be a bool. Received: use_cache={use_cache!r}")
-        stop_margin = self._check_stop_classifier(stop_classifier, stop_margin)
+        stop_margin = check_stop_margin(stop_classifier, stop_margin)
+        if stop_classifier is not None:
+            self._build_stop_classifier(stop_classifier)
         prompts, extras, unpack = self._generate_inputs(inputs, max_length)
         batch_size = prompts.token_ids.shape[0]
         for name, value in extras.items():
@@ -397,15 +332,6 @@ class GenerativeTask(FunctionalModel):
         """float32 logits `[B, T, V]` of hidden states `[B, T, d]`."""
         return ops.cast(self._output_embeddings(hidden, reverse=True), "float32")
 
-    def _output_table(self):
-        """The output embedding as a `[V, d]` table `E` in the compute dtype, so that
-        `_logits(h) = float32(h · Eᵀ)`: the token embedding, or the separate output matrix
-        transposed when the weights are not tied."""
-        embedding = self._output_embeddings.token_embedding
-        if embedding.tie_weights:
-            return ops.cast(embedding.embeddings, embedding.compute_dtype)
-        return ops.transpose(ops.cast(embedding.reverse_embeddings, embedding.compute_dtype))
-
     def _has_recurrent_cache(self):
         """Whether a decoder layer keeps a recurrent state (`cache_is_recurrent = True`)
         rather than a cache addressed by position, which may be written twice."""
@@ -436,63 +362,34 @@ class GenerativeTask(FunctionalModel):
         classifier's weights beside it when there is one."""
         return self if stop_classifier is None else GenerationVariables(self, stop_classifier)
 
-    def _check_stop_classifier(self, stop_classifier, stop_margin):
-        """`stop_margin` as a float, after checking both arguments (and building the
-        classifier, `_build_stop_classifier`)."""
-        margin_ok = isinstance(stop_margin, (int, float, np.floating)) and not isinstance(
-            stop_margin, bool) and -1.0 <= stop_margin <= 1.0
-        if not margin_ok:
-            raise ValueError(
-                "stop_margin must be a number in [-1, 1] (a difference of two probabilities). "
-                f"Received: stop_margin={stop_margin!r}"
-            )
-        if stop_classifier is None:
-            if stop_margin != 0.0:
-                raise ValueError(
-                    "stop_margin needs a stop_classifier. Received: stop_classifier=None, "
-                    f"stop_margin={stop_margin!r}"
-                )
-            return float(stop_margin)
-        self._build_stop_classifier(stop_classifier)
-        return float(stop_margin)
-
     def _build_stop_classifier(self, stop_classifier):
         """Checks that `stop_classifier` is a `StopClassifier` for the model's top-layer
         states, building it for their width when it is not built yet."""
-        if not isinstance(stop_classifier, StopClassifier):
-            raise ValueError(
-                "stop_classifier must be a keras_xf.layers.StopClassifier. Received: "
-                f"stop_classifier={type(stop_classifier).__name__}"
-            )
-        width = self._output_embeddings.embedding_dim
-        if not stop_classifier.built:
-            stop_classifier.build((None, None, width))
-        if stop_classifier.input_dim != width:
-            raise ValueError(
-                f"stop_classifier must read states of the model's width {width}. Received: "
-                f"stop_classifier built for width {stop_classifier.input_dim}"
-            )
-        return stop_classifier
+        return build_stop_classifier(stop_classifier, self._output_embeddings.embedding_dim)
 
     def _check_stop_token_ids(self, stop_token_ids):
         """A tuple of ints inside the vocabulary, or `None` for none."""
-        if stop_token_ids is None:
-            return None
-        vocabulary = self._output_embeddings.vocabulary_size
-        values = stop_token_ids
-        if isinstance(values, (int, np.integer)) or not isinstance(values, (list, tuple, np.ndarray)):
-            values = [values]
-        ids = []
-        for value in values:
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
-                0 <= value < vocabulary
-            ):
-                raise ValueError(
-                    f"stop_token_ids must be ids in [0, {vocabulary}). Received: "
-                    f"stop_token_ids={stop_token_ids!r}"
-                )
-            ids.append(int(value))
-        return tuple(dict.fromkeys(ids)) or None
+        return check_stop_token_ids(stop_token_ids, self._output_embeddings.vocabulary_size)
+
+    # What the model exports ----------------------------------------------------------------
+    def export_endpoints(self):
+        """`FunctionalModel.export_endpoints` with the task's `GenerationSteps`: the cached
+        loop (`generate_step`) that the SavedModel's `generate` endpoint runs, and the steps
+        that the PyTorch programs hold (`export_prefill`: context, empty cache and prefill;
+        `export_decode_step`: one cached token)."""
+        steps = GenerationSteps(
+            prompt_keys=tuple(self.prompt_keys),
+            pad_token_id=self.pad_token_id,
+            default_sampler=self._sampler,
+            generate_step=self.generate_step,
+            recurrent_state=self._has_recurrent_cache(),
+            encode_context=self._generation_context,
+            init_cache=self._init_generation_cache,
+            prefill=self._prefill,
+            decode_token=self._decode_token,
+            max_length=self._output_embeddings.max_sequence_length,
+        )
+        return dataclasses.replace(super().export_endpoints(), generation=steps)
 
     def get_config(self):
         config = super().get_config()

@@ -315,22 +315,18 @@ class VisionLanguageLM(GenerativeTask):
                 encoder_outputs=image_states, use_causal_mask=True, cache=cache,
                 cache_index=cache_index,
             )
-        if image_states is None:
-            # After the image, the prefix-LM field of a text query is the causal one.
-            return self.decoder(
-                self._embed_text(token_ids, start_index=cache_index), use_causal_mask=True,
-                cache=cache, cache_index=cache_index + self.num_patches,
-            )
-        sequence = image_states
-        if token_ids is not None:
-            text = self._embed_text(token_ids, start_index=cache_index)
-            sequence = ops.concatenate([image_states, text], axis=1)
-        key_length = ops.shape(cache[0][0])[2]  # the first layer's keys [B, Hkv, S, d]
-        hidden, cache = self.decoder(
-            sequence, attention_mask=self.prefix_mask(sequence, key_length=key_length),
-            use_causal_mask=False, cache=cache, cache_index=0,
+        if image_states is not None:
+            # The image first, at position 0: a cached call attends to the positions written
+            # so far, which are the image's own (bidirectional).
+            _, cache = self.decoder(image_states, use_causal_mask=False, cache=cache,
+                                    cache_index=0)
+            if token_ids is None:
+                return None, cache
+        # After the image, the prefix-LM field of a text query is the causal one.
+        return self.decoder(
+            self._embed_text(token_ids, start_index=cache_index), use_causal_mask=True,
+            cache=cache, cache_index=cache_index + self.num_patches,
         )
-        return (None if token_ids is None else hidden[:, self.num_patches:]), cache
 
     # Hooks of `GenerativeTask` ------------------------------------------------------------
     @property

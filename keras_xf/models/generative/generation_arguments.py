@@ -1,0 +1,62 @@
+"""Checks of `GenerativeTask.generate`'s arguments: stop ids, the stop classifier and its
+margin. Each raises a `ValueError` naming the argument, what it expects and what it got."""
+
+import numpy as np
+
+from keras_xf.layers.heads.stop_classifier import StopClassifier
+
+
+def check_stop_token_ids(stop_token_ids, vocabulary_size):
+    """A tuple of distinct ints in `[0, vocabulary_size)`, or `None` for none."""
+    if stop_token_ids is None:
+        return None
+    values = stop_token_ids
+    if isinstance(values, (int, np.integer)) or not isinstance(values, (list, tuple, np.ndarray)):
+        values = [values]
+    ids = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
+            0 <= value < vocabulary_size
+        ):
+            raise ValueError(
+                f"stop_token_ids must be ids in [0, {vocabulary_size}). Received: "
+                f"stop_token_ids={stop_token_ids!r}"
+            )
+        ids.append(int(value))
+    return tuple(dict.fromkeys(ids)) or None
+
+
+def check_stop_margin(stop_classifier, stop_margin):
+    """`stop_margin` as a float: a number in [-1, 1], other than 0 only with a
+    `stop_classifier`."""
+    margin_ok = isinstance(stop_margin, (int, float, np.floating)) and not isinstance(
+        stop_margin, bool) and -1.0 <= stop_margin <= 1.0
+    if not margin_ok:
+        raise ValueError(
+            "stop_margin must be a number in [-1, 1] (a difference of two probabilities). "
+            f"Received: stop_margin={stop_margin!r}"
+        )
+    if stop_classifier is None and stop_margin != 0.0:
+        raise ValueError(
+            "stop_margin needs a stop_classifier. Received: stop_classifier=None, "
+            f"stop_margin={stop_margin!r}"
+        )
+    return float(stop_margin)
+
+
+def build_stop_classifier(stop_classifier, width):
+    """Checks that `stop_classifier` is a `StopClassifier` for states of `width`, building it
+    for that width when it is not built yet; returns it."""
+    if not isinstance(stop_classifier, StopClassifier):
+        raise ValueError(
+            "stop_classifier must be a keras_xf.layers.StopClassifier. Received: "
+            f"stop_classifier={type(stop_classifier).__name__}"
+        )
+    if not stop_classifier.built:
+        stop_classifier.build((None, None, width))
+    if stop_classifier.input_dim != width:
+        raise ValueError(
+            f"stop_classifier must read states of the model's width {width}. Received: "
+            f"stop_classifier built for width {stop_classifier.input_dim}"
+        )
+    return stop_classifier
