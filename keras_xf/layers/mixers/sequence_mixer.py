@@ -28,10 +28,14 @@ class SequenceMixer(keras.layers.Layer):
     - `no_attention_mask`: for a mixer without a pairwise `[T, S]` mask, why it has none and
       what to pass instead (`check_call_inputs` then refuses an `attention_mask`); `None`
       for a mixer that takes one.
+    - `causal`: the mixer is causal by default (its `use_causal_mask=None` means causal;
+      e.g. `MultiHeadAttention(causal=True)`), which a layer built around it may follow
+      (`CompressedStack` shifts its windows); `False` by default.
     """
 
     cache_is_recurrent = False
     no_attention_mask = None
+    causal = False
 
     def check_inputs_shape(self, inputs_shape):
         """The width `d` of `inputs_shape` `[batch, length, d]` given to `build`, which needs
