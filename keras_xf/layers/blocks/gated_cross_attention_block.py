@@ -178,6 +178,8 @@ class GatedCrossAttentionBlock(PassesMixerArguments, keras.layers.Layer):
         """What the layer leaves behind for `inputs` without its outputs: the gated
         cross-attention and feedforward, then the decoder layer's `fill_cache` (see
         `TransformerBlock.fill_cache`). Returns `(new_cache, extras)`."""
+        if not isinstance(inputs, keras.KerasTensor):
+            inputs = ops.convert_to_tensor(inputs, dtype=self.compute_dtype)
         block_cache, cross_cache = (None, None) if cache is None else cache
         hidden, new_cross_cache = self._gated_cross_attention(
             inputs, encoder_outputs, encoder_padding_mask, cross_cache, training)

@@ -6,7 +6,6 @@ import functools
 from keras import ops
 
 from keras_xf.layers.block_contract import split_results
-from keras_xf.layers.blocks.layer_control import LayerControl
 
 # The extras a layer returns at the stack's own request, by the argument that asks for them.
 _REQUESTS = {"return_attention_scores": "attention_scores", "return_bias_terms": "bias_terms"}
@@ -37,9 +36,9 @@ class LayerRunner:
 
     Args:
         stack: a `TransformerStack`.
-        arguments: dict of the generic call arguments given to every block (`padding_mask`,
-            `attention_mask`, `encoder_outputs`, `encoder_padding_mask`, `use_causal_mask`,
-            `cache_index`, `training`).
+        padding_mask, attention_mask, encoder_outputs, encoder_padding_mask,
+            use_causal_mask, cache_index, training: the generic call arguments given to
+            every block (see `TransformerStack.call`).
         cache: `None`, or a tuple with one cache per layer.
         mixer_kwargs: dict of mixer-specific call arguments given to every layer.
         share_bias_terms: bool, the first layer's `positions_only` score-bias terms serve
@@ -47,9 +46,24 @@ class LayerRunner:
             positions); otherwise each layer computes them, with the same values.
     """
 
-    def __init__(self, stack, arguments, cache=None, mixer_kwargs=None, share_bias_terms=False):
+    def __init__(self, stack, padding_mask=None, attention_mask=None, encoder_outputs=None,
+                 encoder_padding_mask=None, use_causal_mask=None, cache=None, cache_index=None,
+                 training=None, mixer_kwargs=None, share_bias_terms=False):
+        if cache is not None and len(cache) != stack.num_layers:
+            raise ValueError(
+                f"cache must hold one entry per layer ({stack.num_layers}). Received: "
+                f"{len(cache)} entries"
+            )
         self.stack = stack
-        self.arguments = arguments
+        self.arguments = {
+            "padding_mask": padding_mask,
+            "attention_mask": attention_mask,
+            "encoder_outputs": encoder_outputs,
+            "encoder_padding_mask": encoder_padding_mask,
+            "use_causal_mask": use_causal_mask,
+            "cache_index": cache_index,
+            "training": training,
+        }
         self.cache = cache
         self.mixer_kwargs = dict(mixer_kwargs or {})
         self.share_bias_terms = share_bias_terms

@@ -1,6 +1,7 @@
 """A stack of Transformer layers cloned from one template block (survey §2.1, §5.4)."""
 
 import keras
+from keras import ops
 
 from keras_xf.layers.block_contract import PassesMixerArguments
 from keras_xf.layers.block_contract import first_positions
@@ -8,17 +9,12 @@ from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.blocks import depth_initialization as depth_init
+from keras_xf.layers.blocks.depth_options import check_depth_options
+from keras_xf.layers.blocks.depth_options import depth_option_layers
 from keras_xf.layers.blocks.layer_control import LayerControl
-from keras_xf.layers.blocks.layer_drop import RESCALES
-from keras_xf.layers.blocks.layer_drop import LayerDrop
-from keras_xf.layers.blocks.layer_fusion import LayerFusion
-from keras_xf.layers.blocks.layer_fusion import check_fusion
 from keras_xf.layers.blocks.layer_runner import LayerRunner
 from keras_xf.layers.blocks.layer_sharing import layer_owners
 from keras_xf.layers.blocks.layer_sharing import prune_stack
-from keras_xf.layers.blocks.multistep_residual import MultiStepResidual
-from keras_xf.layers.blocks.multistep_residual import check_multistep
-from keras_xf.layers.blocks.multistep_residual import layer_coefficients
 from keras_xf.layers.blocks.stack_templates import attends_over_own_positions
 from keras_xf.layers.blocks.stack_templates import check_bias_sharing
 from keras_xf.layers.blocks.stack_templates import check_map_sharing
@@ -28,11 +24,8 @@ from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.cloning import clone_layer
 from keras_xf.layers.residual.residual import FINAL_NORM_PLACEMENTS
 from keras_xf.layers.residual.residual import make_normalization
-from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_rank
-from keras_xf.ops.checks import check_rate
-from keras_xf.ops.checks import check_seed
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -80,6 +73,14 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
       (`MultiStepResidual`, Adams–Bashforth presets or given coefficients, learned with
       `learn_multistep`).
     All of them work with caches (they act on each position alone) and any mixer.
+
+    Per-layer control (survey §5.6; `docs/design.md`): `run_layers(inputs, control)` runs
+    the layers one at a time under a `LayerControl`, which chooses the rows that run each
+    layer (a skipped row passes it as the identity, `f^l = 0`), stops rows (their state is
+    frozen, and later layers cache it) and reads the state after each layer; the options
+    above apply to every layer run, and a layer that no row runs is not computed (its mixer
+    sub-layer alone fills its cache). Early exit and layer skipping use it. The stack's own
+    call runs the same per-layer step (`LayerRunner`).
 
     Args:
         block: a `TransformerBlock` or `GatedCrossAttentionBlock` (or its serialised config)
@@ -152,8 +153,9 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         templates = self._templates()
         built = [clone_layer(config) for config in templates]
         template = built[0]
-        for other in built:
-            self.share_attention_maps = check_map_sharing(share_attention_maps, other)
+        self.share_attention_maps = check_map_sharing(share_attention_maps, template)
+        for other in built[1:]:
+            check_map_sharing(share_attention_maps, other)
         self.share_score_biases = check_bias_sharing(share_score_biases, built)
         self.num_layers = num_layers
         norm_placement = template.norm_placement
@@ -189,53 +191,18 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 self.dtype_policy,
                 "output_norm",
             )
-        self._build_depth_options(template, fusion, fusion_normalization, layer_drop,
-                                  layer_drop_rescale, layer_drop_seed, multistep, learn_multistep)
-
-    def _build_depth_options(self, template, fusion, fusion_normalization, layer_drop,
-                             layer_drop_rescale, layer_drop_seed, multistep, learn_multistep):
-        """The layers of fusion, layer drop and multi-step residuals (survey §4.2.3, §4.2.4,
-        §4.3)."""
-        check_fusion(fusion, fusion_normalization)
-        self.multistep = check_multistep(multistep)
-        check_bool("learn_multistep", learn_multistep)
-        if fusion is not None and self.multistep is not None:
-            raise ValueError(
-                "fusion and multistep both define how a layer combines the earlier layer "
-                f"outputs; pass one of them. Received: fusion={fusion!r}, "
-                f"multistep={multistep!r}"
-            )
-        self.fusion = fusion
-        self.fusion_normalization = fusion_normalization
-        self.learn_multistep = learn_multistep
-        check_rate("layer_drop", layer_drop)
-        if layer_drop_rescale not in RESCALES:
-            raise ValueError(f"layer_drop_rescale must be one of {RESCALES}. Received: "
-                             f"layer_drop_rescale={layer_drop_rescale!r}")
-        self.layer_drop_rescale = layer_drop_rescale
-        self.layer_drop_seed = check_seed(layer_drop_seed, "layer_drop_seed")
-        dropper = LayerDrop(layer_drop, layer_drop_rescale, self.layer_drop_seed,
-                            dtype=self.dtype_policy, name="layer_drop")
+        self.multistep, self.layer_drop_seed = check_depth_options(
+            fusion, fusion_normalization, layer_drop, layer_drop_rescale, layer_drop_seed,
+            multistep, learn_multistep)
+        self.fusion, self.fusion_normalization = fusion, fusion_normalization
+        self.layer_drop_rescale, self.learn_multistep = layer_drop_rescale, learn_multistep
+        self.fusions, dropper, self.multisteps = depth_option_layers(
+            num_layers, template.epsilon, fusion, fusion_normalization, layer_drop,
+            layer_drop_rescale, self.layer_drop_seed, self.multistep, learn_multistep,
+            self.dtype_policy)
         self.layer_drop = dropper.rate
         # Without layer drop the stack holds no seed generator (no extra variable).
         self.layer_dropper = dropper if self.layer_drop else None
-        # Fusion `l` makes the input of layer `l + 1` (the stack's output for the last).
-        self.fusions = []
-        if fusion is not None:
-            self.fusions = [
-                LayerFusion(fusion, index + 2, normalization=fusion_normalization,
-                            epsilon=template.epsilon, dtype=self.dtype_policy,
-                            name=f"fusion_{index}")
-                for index in range(self.num_layers)
-            ]
-        self.multisteps = []
-        if self.multistep is not None:
-            self.multisteps = [
-                MultiStepResidual(*layer_coefficients(self.multistep, index),
-                                  trainable_coefficients=learn_multistep,
-                                  dtype=self.dtype_policy, name=f"multistep_{index}")
-                for index in range(self.num_layers)
-            ]
 
     def _templates(self):
         """The serialised template configs: layer `l` is built from `templates[l % len]`."""
@@ -308,10 +275,10 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     ):
         check_rank("inputs", inputs, 3, "[batch, length, dim]")
         check_output_length(output_length, inputs)
-        runner = self._runner(inputs, padding_mask, attention_mask, encoder_outputs,
-                              encoder_padding_mask, use_causal_mask, cache, cache_index,
-                              training, mixer_arguments(kwargs, mixer_options),
-                              share_bias_terms=self._computes_biases_once)
+        runner = LayerRunner(self, padding_mask, attention_mask, encoder_outputs,
+                             encoder_padding_mask, use_causal_mask, cache, cache_index, training,
+                             mixer_arguments(kwargs, mixer_options),
+                             share_bias_terms=self._computes_biases_once)
         # The last block computes the first positions itself, or the stack slices its outputs.
         last_rows = output_length
         if (self._computes_biases_once or self._combines_layers
@@ -347,33 +314,17 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
             tuple of new caches when a cache is given.
         """
         check_rank("inputs", inputs, 3, "[batch, length, dim]")
-        runner = self._runner(inputs, padding_mask, attention_mask, encoder_outputs,
-                              encoder_padding_mask, use_causal_mask, cache, cache_index,
-                              training, kwargs)
+        if not isinstance(inputs, keras.KerasTensor):
+            # As `Layer.__call__` does for `call`: arrays become tensors of the compute dtype.
+            inputs = ops.convert_to_tensor(inputs, dtype=self.compute_dtype)
+        runner = LayerRunner(self, padding_mask, attention_mask, encoder_outputs,
+                             encoder_padding_mask, use_causal_mask, cache, cache_index, training,
+                             mixer_arguments(kwargs))
         carry, state = runner.run(inputs, LayerControl() if control is None else control)
         result = {"outputs": self.output_state(carry["hidden"]), "control": state}
         if cache is not None:
             result["cache"] = runner.new_caches(carry)
         return result
-
-    def _runner(self, inputs, padding_mask, attention_mask, encoder_outputs,
-                encoder_padding_mask, use_causal_mask, cache, cache_index, training,
-                mixer_kwargs, share_bias_terms=False):
-        if cache is not None and len(cache) != self.num_layers:
-            raise ValueError(
-                f"cache must hold one entry per layer ({self.num_layers}). Received: "
-                f"{len(cache)} entries"
-            )
-        arguments = {
-            "padding_mask": padding_mask,
-            "attention_mask": attention_mask,
-            "encoder_outputs": encoder_outputs,
-            "encoder_padding_mask": encoder_padding_mask,
-            "use_causal_mask": use_causal_mask,
-            "cache_index": cache_index,
-            "training": training,
-        }
-        return LayerRunner(self, arguments, cache, mixer_kwargs, share_bias_terms)
 
     def _results(self, outputs, new_caches, collected, has_cache):
         if not collected:

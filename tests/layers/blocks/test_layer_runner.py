@@ -302,7 +302,7 @@ def test_update_mixes_the_block_output_before_the_options(rng, x):
 
     stack = built_stack(rng, "layer_drop")
     result = stack.run_layers(x, Halve())
-    hidden = x
+    hidden = ops.convert_to_tensor(x)
     for layer in stack.blocks:
         hidden = hidden + 0.6 * 0.5 * (layer(hidden) - hidden)  # ρ = 1 − 0.4
     np.testing.assert_allclose(to_numpy(result["outputs"]), to_numpy(stack.output_norm(hidden)),
