@@ -60,6 +60,7 @@ import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
 
 import keras_xf  # noqa: E402
+from keras_xf.layers import LayerStateReader  # noqa: E402
 from keras_xf.models import EarlyExitCausalLM  # noqa: E402
 from keras_xf.ops.exit_criteria import exit_decision  # noqa: E402
 
@@ -117,19 +118,22 @@ def windows(ids, count, length, rng):
 def exit_outputs(model, x, batch_size=64):
     """Every exit's logits `[N, E, T, V]` and `Norm(s)` states `[N, E + 1, T, d]` (first the
     embeddings', the state the first exit's similarity compares with), float32: the model's
-    own forward pass with the states kept."""
+    own forward pass through the stack's runner, with the states kept."""
+    def read(exit_index, hidden):
+        state = model.exit_state(hidden)
+        return model.exit_logits(exit_index, state), state
+
+    stack = model.backbone.transformer_stack
+    reader = LayerStateReader(model.exit_layers, read)
     logits, states = [], []
     for begin in range(0, len(x["token_ids"]), batch_size):
         ids = ops.convert_to_tensor(x["token_ids"][begin:begin + batch_size])
         mask = ops.convert_to_tensor(x["padding_mask"][begin:begin + batch_size] > 0)
         hidden = model.backbone.embeddings(ids)
-        batch_logits, batch_states = [], [model.exit_state(hidden)]
-        for index, block in enumerate(model.blocks):
-            hidden = block(hidden, padding_mask=mask, use_causal_mask=True)
-            if index + 1 in model.exit_layers:
-                state = model.exit_state(hidden)
-                batch_logits.append(model.exit_logits(len(batch_logits), state))
-                batch_states.append(state)
+        exits = stack.run_layers(hidden, reader, padding_mask=mask,
+                                 use_causal_mask=True)["control"]["values"]
+        batch_logits = [value[0] for value in exits]
+        batch_states = [model.exit_state(hidden)] + [value[1] for value in exits]
         logits.append(np.stack([ops.convert_to_numpy(v) for v in batch_logits], axis=1))
         states.append(np.stack([ops.convert_to_numpy(ops.cast(v, "float32"))
                                 for v in batch_states], axis=1))

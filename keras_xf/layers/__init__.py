@@ -25,9 +25,11 @@ from keras_xf.layers.attention.score_bias import ScoreBias
 from keras_xf.layers.attention.score_multiplier import ScoreMultiplier
 from keras_xf.layers.blocks.compressed_stack import CompressedStack
 from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
+from keras_xf.layers.blocks.layer_control import LayerControl
 from keras_xf.layers.blocks.layer_drop import LayerDrop
 from keras_xf.layers.blocks.layer_fusion import LayerFusion
 from keras_xf.layers.blocks.layer_skip_gate import LayerSkipGate
+from keras_xf.layers.blocks.layer_state_reader import LayerStateReader
 from keras_xf.layers.blocks.multistep_residual import MultiStepResidual
 from keras_xf.layers.blocks.reversible_block import ReversibleBlock
 from keras_xf.layers.blocks.reversible_stack import ReversibleStack

@@ -101,12 +101,17 @@ class MultiHeadAttention(ScoreExtensionsMixin, FastPathsMixin, SequenceMixer):
             `value` is `None`, used as it is.
         cache_index: int or scalar int tensor, position of the first query token.
         return_attention_scores: bool, also return the float32 weights `[B, H, T, S]`.
+        bias_terms: the terms of the `positions_only` score biases (in the order of
+            `biases`) computed by an earlier layer over the same positions, used in place of
+            computing them (`TransformerStack(share_score_biases=True)`).
+        return_bias_terms: bool, also return the tuple of those terms as `"bias_terms"`.
         training: bool.
 
     Returns:
         `[B, T, output_dim]`, or `(outputs, new_cache)` when a cache is given. With
         `return_attention_scores=True`, one dict `{"outputs": …, "attention_scores": …}`
-        (float32 `[B, H, T, S]`), plus `"cache": new_cache` when a cache is given.
+        (float32 `[B, H, T, S]`), plus `"cache": new_cache` when a cache is given (and
+        `"bias_terms"` with `return_bias_terms=True`).
 
     Example:
     >>> mha = MultiHeadAttention(num_heads=4, num_key_value_heads=2)
@@ -206,18 +211,6 @@ class MultiHeadAttention(ScoreExtensionsMixin, FastPathsMixin, SequenceMixer):
         self._value_term_biases = [b for b in self.biases if b.has_value_term]
         self._weight_mixers = [b for b in self.biases if b.mixes_weights]
 
-    @staticmethod
-    def _score_bias(hook, q, k, query_positions, key_positions):
-        """`hook(q, k, …)`, or the value it gave an earlier layer of the same stack call
-        when the stack shares it and it depends on the positions alone (`TransformerStack(
-        share_score_biases=True)` opens `hook._stack_terms` for the length of its call)."""
-        terms = getattr(hook, "_stack_terms", None)
-        if terms is None or not hook.positions_only:
-            return hook(q, k, query_positions, key_positions)
-        if "term" not in terms:
-            terms["term"] = hook(q, k, query_positions, key_positions)
-        return terms["term"]
-
     def share_biases(self, biases):
         """Uses the `ScoreBias` layers `biases` (another layer's, weights included) as this
         layer's own `biases`: `TransformerStack(share_score_biases=True)` gives every layer the
@@ -291,6 +284,8 @@ class MultiHeadAttention(ScoreExtensionsMixin, FastPathsMixin, SequenceMixer):
         attention_bias=None,
         attention_multiplier=None,
         attention_weights=None,
+        bias_terms=None,
+        return_bias_terms=False,
         training=None,
     ):
         if len(query.shape) != 3:
@@ -352,11 +347,16 @@ class MultiHeadAttention(ScoreExtensionsMixin, FastPathsMixin, SequenceMixer):
         if head_major:
             outputs = head_major_attention(q, *new_cache, mask=mask, scale=self.scale)
             return join_results(self._project(self.output_dense, outputs), new_cache, None, True)
-        bias = None
+        bias, terms = None, []
         for hook in self.biases:
             if hook.mixes_weights:
                 continue
-            term = self._score_bias(hook, q, k, query_positions, key_positions)
+            if hook.positions_only and bias_terms is not None:
+                term = bias_terms[len(terms)]
+            else:
+                term = hook(q, k, query_positions, key_positions)
+            if hook.positions_only:
+                terms.append(term)
             bias = term if bias is None else bias + term
         bias, syntax_multiplier = self._syntax_terms(bias, attention_bias, attention_multiplier, q, k)
 
@@ -366,6 +366,8 @@ class MultiHeadAttention(ScoreExtensionsMixin, FastPathsMixin, SequenceMixer):
         outputs = self._project(self.output_dense, outputs)
 
         extras = {"attention_scores": weights} if return_attention_scores else None
+        if return_bias_terms:
+            extras = dict(extras or {}, bias_terms=tuple(terms))
         return join_results(outputs, new_cache, extras, cache is not None)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):

@@ -96,7 +96,7 @@ class CompressedStack(keras.layers.Layer):
                  residual=True, final_norm=None, **kwargs):
         super().__init__(**kwargs)
         template = as_layer(block, "block", kind=TransformerBlock)
-        self.causal = bool(getattr(template.mixer, "causal", False))
+        self.causal = bool(template.mixer.causal)
         self._block_config = serialize_layer(template)
         self.num_layers = _check_num_layers(num_layers)
         if upsample not in METHODS:

@@ -157,6 +157,41 @@ class GatedCrossAttentionBlock(PassesMixerArguments, keras.layers.Layer):
     ):
         check_rank("inputs", inputs, 3, "[batch, length, dim]")
         block_cache, cross_cache = (None, None) if cache is None else cache
+        hidden, new_cross_cache = self._gated_cross_attention(
+            inputs, encoder_outputs, encoder_padding_mask, cross_cache, training)
+        results = self.block(
+            hidden,
+            padding_mask=padding_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            cache=block_cache,
+            cache_index=cache_index,
+            training=training,
+            **mixer_arguments(kwargs, mixer_options),
+        )
+        outputs, new_block_cache, extras = split_results(results, cache is not None)
+        return join_results(outputs, (new_block_cache, new_cross_cache), extras, cache is not None)
+
+    def fill_cache(self, inputs, padding_mask=None, attention_mask=None, encoder_outputs=None,
+                   encoder_padding_mask=None, use_causal_mask=None, cache=None,
+                   cache_index=None, training=None, **kwargs):
+        """What the layer leaves behind for `inputs` without its outputs: the gated
+        cross-attention and feedforward, then the decoder layer's `fill_cache` (see
+        `TransformerBlock.fill_cache`). Returns `(new_cache, extras)`."""
+        if not isinstance(inputs, keras.KerasTensor):
+            inputs = ops.convert_to_tensor(inputs, dtype=self.compute_dtype)
+        block_cache, cross_cache = (None, None) if cache is None else cache
+        hidden, new_cross_cache = self._gated_cross_attention(
+            inputs, encoder_outputs, encoder_padding_mask, cross_cache, training)
+        new_block_cache, extras = self.block.fill_cache(
+            hidden, padding_mask=padding_mask, attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask, cache=block_cache, cache_index=cache_index,
+            training=training, **kwargs)
+        return (None if cache is None else (new_block_cache, new_cross_cache)), extras
+
+    def _gated_cross_attention(self, inputs, encoder_outputs, encoder_padding_mask, cross_cache,
+                               training):
+        """`z` from `x` (the class docstring's equations) and the new cross-attention cache."""
         if encoder_outputs is None and cross_cache is None:
             raise ValueError(
                 "GatedCrossAttentionBlock attends to encoder_outputs: pass them (or a filled "
@@ -178,18 +213,7 @@ class GatedCrossAttentionBlock(PassesMixerArguments, keras.layers.Layer):
         if self.feedforward is not None:
             transformed = self.feedforward(self.feedforward_norm(hidden), training=training)
             hidden = hidden + self._gate(self.feedforward_gate, transformed)
-        results = self.block(
-            hidden,
-            padding_mask=padding_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-            cache=block_cache,
-            cache_index=cache_index,
-            training=training,
-            **mixer_arguments(kwargs, mixer_options),
-        )
-        outputs, new_block_cache, extras = split_results(results, cache is not None)
-        return join_results(outputs, (new_block_cache, new_cross_cache), extras, cache is not None)
+        return hidden, new_cross_cache
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)

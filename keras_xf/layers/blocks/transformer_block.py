@@ -268,6 +268,38 @@ class TransformerBlock(PassesMixerArguments, keras.layers.Layer):
             new_cache = (new_self_cache, new_cross_cache)
         return join_results(outputs, new_cache, extras, cache is not None)
 
+    def fill_cache(self, inputs, padding_mask=None, attention_mask=None, encoder_outputs=None,
+                   encoder_padding_mask=None, use_causal_mask=None, cache=None,
+                   cache_index=None, training=None, **kwargs):
+        """What the layer leaves behind for `inputs` without computing its outputs: only the
+        mixer sub-layer runs, for its new cache and the extras asked of it (e.g.
+        `return_attention_scores=True`). A stack fills a skipped layer's cache this way
+        (survey §5.6: the state of an exited token copied upward); the mixer's outputs are
+        unused, and XLA removes their computation. The arguments are `call`'s (the encoder
+        ones are unused: a cross-attention cache is kept as it is).
+
+        Returns:
+            `(new_cache, extras)`: the block's new cache (`None` without a cache) and the
+            mixer's extra results (a dict, or `None`).
+        """
+        self_cache, cross_cache = cache, None
+        if cache is not None and self.cross_attention is not None:
+            self_cache, cross_cache = cache
+        results = self.mixer_residual(
+            inputs,
+            padding_mask=padding_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            cache=self_cache,
+            cache_index=cache_index,
+            training=training,
+            **kwargs,
+        )
+        _, new_cache, extras = split_results(results, self_cache is not None)
+        if self.cross_attention is not None and cache is not None:
+            new_cache = (new_cache, cross_cache)
+        return new_cache, extras
+
     def _feedforward_kwargs(self, padding_mask, cache):
         """The padding mask for a feedforward that uses one (`uses_padding_mask = True`, e.g.
         `MixtureOfExperts`, where padding tokens must not take expert capacity)."""

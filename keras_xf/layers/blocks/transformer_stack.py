@@ -3,92 +3,29 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.attention.multi_head_attention import MultiHeadAttention
 from keras_xf.layers.block_contract import PassesMixerArguments
 from keras_xf.layers.block_contract import first_positions
 from keras_xf.layers.block_contract import mixer_arguments
 from keras_xf.layers.block_contract import new_specs
 from keras_xf.layers.block_contract import split_results
 from keras_xf.layers.blocks import depth_initialization as depth_init
-from keras_xf.layers.blocks.gated_cross_attention_block import GatedCrossAttentionBlock
-from keras_xf.layers.blocks.layer_drop import RESCALES
-from keras_xf.layers.blocks.layer_drop import LayerDrop
-from keras_xf.layers.blocks.layer_fusion import LayerFusion
-from keras_xf.layers.blocks.layer_fusion import check_fusion
+from keras_xf.layers.blocks.depth_options import check_depth_options
+from keras_xf.layers.blocks.depth_options import depth_option_layers
+from keras_xf.layers.blocks.layer_control import LayerControl
+from keras_xf.layers.blocks.layer_runner import LayerRunner
 from keras_xf.layers.blocks.layer_sharing import layer_owners
 from keras_xf.layers.blocks.layer_sharing import prune_stack
-from keras_xf.layers.blocks.multistep_residual import MultiStepResidual
-from keras_xf.layers.blocks.multistep_residual import check_multistep
-from keras_xf.layers.blocks.multistep_residual import layer_coefficients
+from keras_xf.layers.blocks.stack_templates import attends_over_own_positions
+from keras_xf.layers.blocks.stack_templates import check_bias_sharing
+from keras_xf.layers.blocks.stack_templates import check_map_sharing
+from keras_xf.layers.blocks.stack_templates import serialize_templates
+from keras_xf.layers.blocks.stack_templates import without_biases
 from keras_xf.layers.blocks.transformer_block import TransformerBlock
-from keras_xf.layers.cloning import as_layer
 from keras_xf.layers.cloning import clone_layer
-from keras_xf.layers.cloning import serialize_template
 from keras_xf.layers.residual.residual import FINAL_NORM_PLACEMENTS
 from keras_xf.layers.residual.residual import make_normalization
-from keras_xf.ops.checks import check_bool
 from keras_xf.ops.checks import check_output_length
 from keras_xf.ops.checks import check_rank
-from keras_xf.ops.checks import check_rate
-from keras_xf.ops.checks import check_seed
-
-# The layers a stack is made of; each has `mixer`, `normalization`, `norm_placement`, `epsilon`.
-BLOCKS = (TransformerBlock, GatedCrossAttentionBlock)
-
-
-def _validate_sharing(share_attention_maps, template):
-    k = share_attention_maps
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(
-            "share_attention_maps must be an int >= 1 (1 = no sharing). Received: "
-            f"share_attention_maps={share_attention_maps}"
-        )
-    mixer = template.mixer
-    if k > 1 and not isinstance(mixer, MultiHeadAttention):
-        raise ValueError(
-            "share_attention_maps > 1 needs blocks whose mixer is a MultiHeadAttention (it "
-            "returns and accepts attention weights). Received: share_attention_maps="
-            f"{share_attention_maps} with mixer={type(mixer).__name__}"
-        )
-    return k
-
-
-def _without_biases(config):
-    """A serialised block config whose self-attention has no score biases (the layer takes
-    the first layer's instead)."""
-    mixer = config["config"]["mixer"]
-    mixer = dict(mixer, config=dict(mixer["config"], biases=[]))
-    return dict(config, config=dict(config["config"], mixer=mixer))
-
-
-def _validate_bias_sharing(share_score_biases, templates):
-    if not check_bool("share_score_biases", share_score_biases):
-        return False
-    counts = set()
-    for template in templates:
-        mixer = template["config"]["mixer"]
-        count = len(mixer["config"].get("biases") or [])
-        if mixer.get("class_name") != "MultiHeadAttention" or not count:
-            raise ValueError(
-                "share_score_biases=True needs blocks whose mixer is a MultiHeadAttention "
-                "with score biases (e.g. a RelativePositionBias). Received: mixer="
-                f"{mixer.get('class_name')} with {count} biases"
-            )
-        counts.add(count)
-    if len(counts) != 1:
-        raise ValueError("share_score_biases=True needs templates with equally many score "
-                         f"biases. Received: {sorted(counts)}")
-    return True
-
-
-def _serialize_templates(block):
-    """One serialised template, or a list of them for a hybrid stack."""
-    if not isinstance(block, (list, tuple)):
-        return serialize_template(as_layer(block, "block", kind=BLOCKS))
-    if not block:
-        raise ValueError("block must be a block or a non-empty list of blocks. Received: block=[]")
-    return [serialize_template(as_layer(b, f"block[{i}]", kind=BLOCKS))
-            for i, b in enumerate(block)]
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -136,6 +73,14 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
       (`MultiStepResidual`, Adams–Bashforth presets or given coefficients, learned with
       `learn_multistep`).
     All of them work with caches (they act on each position alone) and any mixer.
+
+    Per-layer control (survey §5.6; `docs/design.md`): `run_layers(inputs, control)` runs
+    the layers one at a time under a `LayerControl`, which chooses the rows that run each
+    layer (a skipped row passes it as the identity, `f^l = 0`), stops rows (their state is
+    frozen, and later layers cache it) and reads the state after each layer; the options
+    above apply to every layer run, and a layer that no row runs is not computed (its mixer
+    sub-layer alone fills its cache). Early exit and layer skipping use it. The stack's own
+    call runs the same per-layer step (`LayerRunner`).
 
     Args:
         block: a `TransformerBlock` or `GatedCrossAttentionBlock` (or its serialised config)
@@ -204,13 +149,14 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"num_layers must be a positive int. Received: num_layers={num_layers}")
-        self._block_config = _serialize_templates(block)
+        self._block_config = serialize_templates(block)
         templates = self._templates()
-        template = clone_layer(templates[0])
-        self.share_attention_maps = _validate_sharing(share_attention_maps, template)
-        for other in templates[1:]:
-            _validate_sharing(share_attention_maps, clone_layer(other))
-        self.share_score_biases = _validate_bias_sharing(share_score_biases, templates)
+        built = [clone_layer(config) for config in templates]
+        template = built[0]
+        self.share_attention_maps = check_map_sharing(share_attention_maps, template)
+        for other in built[1:]:
+            check_map_sharing(share_attention_maps, other)
+        self.share_score_biases = check_bias_sharing(share_score_biases, built)
         self.num_layers = num_layers
         norm_placement = template.norm_placement
         self.final_norm = (norm_placement in FINAL_NORM_PLACEMENTS if final_norm is None
@@ -226,14 +172,14 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 continue
             config = templates[index % len(templates)]
             if self.share_score_biases and index:
-                config = _without_biases(config)
+                config = without_biases(config)
             self.blocks.append(clone_layer(config, name=f"block_{index}", dtype=dtype))
             if self.share_score_biases and index:
                 self.blocks[-1].mixer.share_biases(self.blocks[0].mixer.biases)
         # One evaluation of the shared biases per call, unless a layer's rolling cache
         # gives it key positions of its own.
-        self._computes_biases_once = self.share_score_biases and all(
-            getattr(block.mixer.pattern, "cache_slots", None) is None for block in self.blocks)
+        self._computes_biases_once = self.share_score_biases and not any(
+            attends_over_own_positions(block.mixer) for block in self.blocks)
         self.depth_initialization = depth_init.check_depth_initialization(depth_initialization)
         if self.depth_initialization is not None:
             depth_init.check_blocks(self.blocks)
@@ -245,53 +191,18 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
                 self.dtype_policy,
                 "output_norm",
             )
-        self._build_depth_options(template, fusion, fusion_normalization, layer_drop,
-                                  layer_drop_rescale, layer_drop_seed, multistep, learn_multistep)
-
-    def _build_depth_options(self, template, fusion, fusion_normalization, layer_drop,
-                             layer_drop_rescale, layer_drop_seed, multistep, learn_multistep):
-        """The layers of fusion, layer drop and multi-step residuals (survey §4.2.3, §4.2.4,
-        §4.3)."""
-        check_fusion(fusion, fusion_normalization)
-        self.multistep = check_multistep(multistep)
-        check_bool("learn_multistep", learn_multistep)
-        if fusion is not None and self.multistep is not None:
-            raise ValueError(
-                "fusion and multistep both define how a layer combines the earlier layer "
-                f"outputs; pass one of them. Received: fusion={fusion!r}, "
-                f"multistep={multistep!r}"
-            )
-        self.fusion = fusion
-        self.fusion_normalization = fusion_normalization
-        self.learn_multistep = learn_multistep
-        check_rate("layer_drop", layer_drop)
-        if layer_drop_rescale not in RESCALES:
-            raise ValueError(f"layer_drop_rescale must be one of {RESCALES}. Received: "
-                             f"layer_drop_rescale={layer_drop_rescale!r}")
-        self.layer_drop_rescale = layer_drop_rescale
-        self.layer_drop_seed = check_seed(layer_drop_seed, "layer_drop_seed")
-        dropper = LayerDrop(layer_drop, layer_drop_rescale, self.layer_drop_seed,
-                            dtype=self.dtype_policy, name="layer_drop")
+        self.multistep, self.layer_drop_seed = check_depth_options(
+            fusion, fusion_normalization, layer_drop, layer_drop_rescale, layer_drop_seed,
+            multistep, learn_multistep)
+        self.fusion, self.fusion_normalization = fusion, fusion_normalization
+        self.layer_drop_rescale, self.learn_multistep = layer_drop_rescale, learn_multistep
+        self.fusions, dropper, self.multisteps = depth_option_layers(
+            num_layers, template.epsilon, fusion, fusion_normalization, layer_drop,
+            layer_drop_rescale, self.layer_drop_seed, self.multistep, learn_multistep,
+            self.dtype_policy)
         self.layer_drop = dropper.rate
         # Without layer drop the stack holds no seed generator (no extra variable).
         self.layer_dropper = dropper if self.layer_drop else None
-        # Fusion `l` makes the input of layer `l + 1` (the stack's output for the last).
-        self.fusions = []
-        if fusion is not None:
-            self.fusions = [
-                LayerFusion(fusion, index + 2, normalization=fusion_normalization,
-                            epsilon=template.epsilon, dtype=self.dtype_policy,
-                            name=f"fusion_{index}")
-                for index in range(self.num_layers)
-            ]
-        self.multisteps = []
-        if self.multistep is not None:
-            self.multisteps = [
-                MultiStepResidual(*layer_coefficients(self.multistep, index),
-                                  trainable_coefficients=learn_multistep,
-                                  dtype=self.dtype_policy, name=f"multistep_{index}")
-                for index in range(self.num_layers)
-            ]
 
     def _templates(self):
         """The serialised template configs: layer `l` is built from `templates[l % len]`."""
@@ -342,6 +253,11 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         kwargs = {} if encoder_length is None else {"encoder_length": encoder_length}
         return tuple(b.init_cache(batch_size, max_length, dtype, **kwargs) for b in self.blocks)
 
+    def output_state(self, hidden):
+        """What the stack returns for the state `hidden` `[B, T, d]` of its last layer, or of
+        any layer it stopped at: the final norm applied (pre-norm stacks), or `hidden`."""
+        return hidden if self.output_norm is None else self.output_norm(hidden)
+
     def call(
         self,
         inputs,
@@ -359,92 +275,56 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
     ):
         check_rank("inputs", inputs, 3, "[batch, length, dim]")
         check_output_length(output_length, inputs)
-        if cache is not None and len(cache) != self.num_layers:
-            raise ValueError(
-                f"cache must hold one entry per layer ({self.num_layers}). Received: "
-                f"{len(cache)} entries"
-            )
-        kwargs = mixer_arguments(kwargs, mixer_options)
-        shared = self.blocks[0].mixer.biases if self._computes_biases_once else []
-        for bias in shared:
-            object.__setattr__(bias, "_stack_terms", {})
-        try:
-            outputs, new_caches, collected = self._call_blocks(
-                inputs, padding_mask, attention_mask, encoder_outputs, encoder_padding_mask,
-                use_causal_mask, cache, cache_index, training, kwargs, output_length)
-        finally:
-            for bias in shared:
-                object.__setattr__(bias, "_stack_terms", None)
-        if self.output_norm is not None:
-            outputs = self.output_norm(outputs)
-        return self._results(outputs, new_caches, collected, cache is not None)
-
-    def _call_blocks(self, inputs, padding_mask, attention_mask, encoder_outputs,
-                     encoder_padding_mask, use_causal_mask, cache, cache_index, training,
-                     kwargs, output_length=None):
-        outputs = inputs
-        new_caches = []
-        collected = {}
-        shared_weights = None
+        runner = LayerRunner(self, padding_mask, attention_mask, encoder_outputs,
+                             encoder_padding_mask, use_causal_mask, cache, cache_index, training,
+                             mixer_arguments(kwargs, mixer_options),
+                             share_bias_terms=self._computes_biases_once)
         # The last block computes the first positions itself, or the stack slices its outputs.
         last_rows = output_length
         if (self._computes_biases_once or self._combines_layers
                 or not isinstance(self.blocks[-1], TransformerBlock)):
             last_rows = None
-        states, increments = [inputs], []
-        for index, block in enumerate(self.blocks):
-            sharing = self._sharing_arguments(index, shared_weights)
-            last = last_rows is not None and index == self.num_layers - 1
-            rows = {"output_length": last_rows} if last else {}
-            layer_inputs = outputs
-            if self.fusions and index:
-                layer_inputs = self.fusions[index - 1](ops.stack(states, axis=-2),
-                                                       training=training)
-            results = block(
-                layer_inputs,
-                padding_mask=padding_mask,
-                attention_mask=attention_mask,
-                encoder_outputs=encoder_outputs,
-                encoder_padding_mask=encoder_padding_mask,
-                use_causal_mask=use_causal_mask,
-                cache=None if cache is None else cache[index],
-                cache_index=cache_index,
-                training=training,
-                **rows,
-                **dict(kwargs, **sharing),
-            )
-            outputs, layer_cache, extras = split_results(results, cache is not None)
-            outputs = self._layer_outputs(index, layer_inputs, outputs, states, increments,
-                                          training)
-            if self.fusions or self.multisteps:
-                states.append(outputs)
-            new_caches.append(layer_cache)
-            if extras is None:
-                continue
-            if "return_attention_scores" in sharing:
-                shared_weights = extras["attention_scores"]
-            if "return_attention_scores" not in sharing or kwargs.get("return_attention_scores"):
-                for key, value in extras.items():
-                    collected.setdefault(key, [None] * self.num_layers)[index] = value
-        if self.fusions:
-            outputs = self.fusions[-1](ops.stack(states, axis=-2), training=training)
+        carry, collected = runner.start(inputs), {}
+        for index in range(self.num_layers):
+            rows = last_rows if index == self.num_layers - 1 else None
+            carry, extras = runner.run_layer(index, carry, output_length=rows)
+            for key, value in (extras or {}).items():
+                collected.setdefault(key, [None] * self.num_layers)[index] = value
+        outputs = carry["hidden"]
         if output_length is not None and last_rows is None:
             outputs = outputs[:, :output_length]
-        return outputs, new_caches, collected
+        outputs = self.output_state(outputs)
+        new_caches = None if cache is None else runner.new_caches(carry)
+        return self._results(outputs, new_caches, collected, cache is not None)
 
-    def _layer_outputs(self, index, layer_inputs, block_outputs, states, increments, training):
-        """`z^l` from the block's output: with layer drop or multi-step residuals, from the
-        increment `f^l = Block^l(Z^l) − Z^l` (`increments` is kept newest first)."""
-        if not self.layer_drop and not self.multisteps:
-            return block_outputs
-        increment = block_outputs - layer_inputs
-        if self.layer_dropper is not None:
-            increment = self.layer_dropper(increment, training=training)
-        if not self.multisteps:
-            return layer_inputs + increment
-        increments.insert(0, increment)
-        return self.multisteps[index](ops.stack(states[::-1], axis=-2),
-                                      ops.stack(increments, axis=-2))
+    def run_layers(self, inputs, control=None, padding_mask=None, attention_mask=None,
+                   encoder_outputs=None, encoder_padding_mask=None, use_causal_mask=None,
+                   cache=None, cache_index=None, training=None, **kwargs):
+        """The layers one at a time under a per-layer `control` (a `LayerControl`; survey
+        §5.6: run or skip a layer per row, stop rows, read each layer's state), with every
+        option of the stack applied to each layer it runs (see `LayerRunner`).
+
+        The call arguments are those of `call` (no `output_length`); the layers' positions-only
+        score biases are computed by each layer. Not a Keras call: the blocks' calls are
+        recorded one by one, so it also builds a functional graph from symbolic inputs.
+
+        Returns:
+            A dict: `"outputs"` `[B, T, d]`, `output_state` of the last state (a stopped
+            row's frozen state); `"control"`, the control's final carry; `"cache"`, the
+            tuple of new caches when a cache is given.
+        """
+        check_rank("inputs", inputs, 3, "[batch, length, dim]")
+        if not isinstance(inputs, keras.KerasTensor):
+            # As `Layer.__call__` does for `call`: arrays become tensors of the compute dtype.
+            inputs = ops.convert_to_tensor(inputs, dtype=self.compute_dtype)
+        runner = LayerRunner(self, padding_mask, attention_mask, encoder_outputs,
+                             encoder_padding_mask, use_causal_mask, cache, cache_index, training,
+                             mixer_arguments(kwargs))
+        carry, state = runner.run(inputs, LayerControl() if control is None else control)
+        result = {"outputs": self.output_state(carry["hidden"]), "control": state}
+        if cache is not None:
+            result["cache"] = runner.new_caches(carry)
+        return result
 
     def _results(self, outputs, new_caches, collected, has_cache):
         if not collected:
@@ -454,18 +334,6 @@ class TransformerStack(PassesMixerArguments, keras.layers.Layer):
         if has_cache:
             results["cache"] = tuple(new_caches)
         return results
-
-    def _sharing_arguments(self, index, shared_weights):
-        """Layer `index` returns its weights when it starts a sharing group that has later
-        members, and uses `shared_weights` when it does not start one."""
-        k = self.share_attention_maps
-        if k == 1:
-            return {}
-        if index % k:
-            return {"attention_weights": shared_weights}
-        if index + 1 < self.num_layers:
-            return {"return_attention_scores": True}
-        return {}
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)

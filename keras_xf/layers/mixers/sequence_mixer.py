@@ -46,10 +46,14 @@ class SequenceMixer(keras.layers.Layer):
     - `no_attention_mask`: for a mixer without a pairwise `[T, S]` mask, why it has none and
       what to pass instead (`check_call_inputs` then refuses an `attention_mask`); `None`
       for a mixer that takes one.
+    - `causal`: the mixer is causal by default (its `use_causal_mask=None` means causal;
+      e.g. `MultiHeadAttention(causal=True)`), which a layer built around it may follow
+      (`CompressedStack` shifts its windows); `False` by default.
     """
 
     cache_is_recurrent = False
     no_attention_mask = None
+    causal = False
 
     # The dtype of every tensor of the cache a call returns: float32 for the running states
     # accumulated in float32; `None` for a cache kept in the dtype it was made with.

@@ -2,30 +2,35 @@
 
 import contextlib
 import functools
-import threading
 
 import keras
 from keras import ops
 
 from keras_xf.generation.compile import compile_generate_function
 from keras_xf.generation.sampling import get_sampler
+from keras_xf.layers.blocks.layer_state_reader import LayerStateReader
 from keras_xf.layers.heads.early_exit_heads import EarlyExitHeads
-from keras_xf.models.backbones.arguments import check_layerwise_backbone
+from keras_xf.models.adaptive.early_exit_control import EarlyExitControl
+from keras_xf.models.backbones.arguments import check_adaptive_backbone
 from keras_xf.models.backbones.arguments import check_exit_heads
 from keras_xf.models.backbones.arguments import check_exit_layers
 from keras_xf.models.backbones.arguments import check_exit_loss_weights
 from keras_xf.models.backbones.arguments import task_backbone
-from keras_xf.models.generative.causal_lm import CausalLM
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
+from keras_xf.models.generative.causal_lm import CausalLM
 from keras_xf.ops.exit_criteria import check_exit_rule
-from keras_xf.ops.exit_criteria import exit_decision
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
 from keras_xf.training.early_exit_loss import EarlyExitLoss
 from keras_xf.training.early_exit_loss import final_exit_accuracy
 
-# The exit rule of the adaptive `generate` running in this thread, per model: read by the
-# decoding hooks while the generation function is traced or run.
-_EXIT_SCOPES = threading.local()
+
+class _ExitScope:
+    """The exit rule `(criterion, threshold)` (or `None`) and the generated positions
+    (bool `[B, T]`) of an adaptive `generate`."""
+
+    def __init__(self, rule, generated):
+        self.rule = rule
+        self.generated = generated
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -47,15 +52,17 @@ class EarlyExitCausalLM(CausalLM):
     copied upward (the survey's "duplicate the layer from which we exit"): layer `m > l`
     caches its keys and values of `s_i^l`, as if `s_i^m = s_i^l`. Prompt tokens run every
     layer (in the prefill as in the loop); the token that predicts a generated position
-    exits adaptively. Under static shapes each layer runs inside `keras.ops.cond`, which
-    skips it when every row has exited (the skipped branch fills the layer's cache from
-    the frozen states); a row that exits while others continue is frozen. See
-    `docs/design.md`.
+    exits adaptively. The layers run through the stack's runner under an
+    `EarlyExitControl` (`TransformerStack.run_layers`), so every option of the stack
+    applies (shared and hybrid layers, layer drop, multi-step residuals, fusion, shared
+    attention maps; `s_i^l` is the input of the next layer). Under static shapes each
+    layer runs inside `keras.ops.cond`, which skips it when every row has exited (the
+    skipped branch fills the layer's cache from the frozen states by its mixer sub-layer
+    alone); a row that exits while others continue is frozen. See `docs/design.md`.
 
     Args:
-        backbone: a causal `TransformerBackbone` with a plain `TransformerStack` of
-            `TransformerBlock`s (no layer fusion, layer drop, multi-step residuals, shared
-            attention maps or reversible layers), or its arguments as keywords.
+        backbone: a causal `TransformerBackbone` whose stack is a `TransformerStack` (any
+            options; not reversible), or its arguments as keywords.
         exit_layers: optional list of increasing layer numbers `1 … L` carrying an exit,
             ending with the last layer `L`. Default: every layer.
         exit_heads: `"shared"` (default: every exit uses the LM's output layer, the tied
@@ -79,12 +86,17 @@ class EarlyExitCausalLM(CausalLM):
     ...                          exit_threshold=0.5, return_exit_layers=True)
     """
 
+    # The `_ExitScope` of the adaptive `generate` that is running (set by `_exit_scope` for
+    # the length of its generation function's trace or run, which the decoding hooks read);
+    # `None` otherwise. One adaptive generation runs at a time per model.
+    _active_exit_scope = None
+
     def __init__(self, backbone=None, exit_layers=None, exit_heads="shared",
                  exit_loss_weights=None, pad_token_id=0, name=None, dtype=None, trainable=True,
                  **backbone_kwargs):
         backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs,
                                  causal=True)
-        check_layerwise_backbone(backbone, causal=True)
+        check_adaptive_backbone(backbone, causal=True)
         exit_layers = check_exit_layers(exit_layers, backbone.num_layers)
         self.exit_layers = exit_layers
         self.exit_heads = check_exit_heads(exit_heads)
@@ -101,12 +113,12 @@ class EarlyExitCausalLM(CausalLM):
     def _functional_outputs(self, inputs):
         mask = ops.cast(inputs["padding_mask"], "bool")
         hidden = self.backbone.embeddings(inputs["token_ids"])
-        logits = []
-        for index, block in enumerate(self.blocks):
-            hidden = block(hidden, padding_mask=mask, use_causal_mask=True)
-            if index + 1 in self.exit_layers:
-                logits.append(self.exit_logits(len(logits), self.exit_state(hidden)))
-        return ops.stack(logits, axis=1)
+        reader = LayerStateReader(
+            self.exit_layers,
+            lambda exit_index, state: self.exit_logits(exit_index, self.exit_state(state)))
+        result = self.backbone.transformer_stack.run_layers(hidden, reader, padding_mask=mask,
+                                                            use_causal_mask=True)
+        return ops.stack(result["control"]["values"], axis=1)
 
     @property
     def blocks(self):
@@ -116,8 +128,7 @@ class EarlyExitCausalLM(CausalLM):
     def exit_state(self, hidden):
         """`Norm(s^l)`: the stack's final norm on a layer output (pre-norm stacks), as the
         last layer's output gets it."""
-        norm = self.backbone.transformer_stack.output_norm
-        return hidden if norm is None else norm(hidden)
+        return self.backbone.transformer_stack.output_state(hidden)
 
     def exit_logits(self, exit_index, state):
         """Float32 logits `[B, T, V]` of exit number `exit_index` (0-based) on `Norm(s^l)`."""
@@ -247,15 +258,17 @@ class EarlyExitCausalLM(CausalLM):
 
     @contextlib.contextmanager
     def _exit_scope(self, rule, generated):
-        scopes = getattr(_EXIT_SCOPES, "scopes", {})
-        _EXIT_SCOPES.scopes = {**scopes, id(self): {"rule": rule, "generated": generated}}
+        """Within this context the generation hooks decode with adaptive depth under `rule`;
+        `generated`: bool `[B, T]`, the positions to generate."""
+        previous = self._active_exit_scope
+        self._active_exit_scope = _ExitScope(rule, generated)
         try:
             yield
         finally:
-            _EXIT_SCOPES.scopes = scopes
+            self._active_exit_scope = previous
 
     def _current_exit_scope(self):
-        return getattr(_EXIT_SCOPES, "scopes", {}).get(id(self))
+        return self._active_exit_scope
 
     def _init_generation_cache(self, batch_size, max_length, context):
         cache = super()._init_generation_cache(batch_size, max_length, context)
@@ -264,7 +277,7 @@ class EarlyExitCausalLM(CausalLM):
             return cache
         # Loop state next to the layer caches: which positions are generated, and the exit
         # layer of each generated token.
-        return {"layers": cache, "generated": scope["generated"],
+        return {"layers": cache, "generated": scope.generated,
                 "exit_layers": ops.zeros((batch_size, max_length), "int32")}
 
     def _prefill(self, token_ids, cache, context):
@@ -284,7 +297,7 @@ class EarlyExitCausalLM(CausalLM):
         scope = self._current_exit_scope()
         if scope is None:
             return super()._decode_token(token_ids, cache, cache_index)
-        return self._adaptive_decode_token(token_ids, cache, cache_index, scope["rule"])
+        return self._adaptive_decode_token(token_ids, cache, cache_index, scope.rule)
 
     def _adaptive_decode_token(self, token_ids, cache, cache_index, rule):
         """One token `[B, 1]` at `cache_index` through the layers until each row exits; the
@@ -295,71 +308,26 @@ class EarlyExitCausalLM(CausalLM):
         predicted = ops.equal(positions, ops.cast(cache_index, "int32") + 1)
         adaptive = ops.any(ops.logical_and(generated, predicted), axis=1)
         hidden = self.backbone.embeddings(token_ids, start_index=cache_index)
-        batch = ops.shape(hidden)[0]
-        no_logits = ops.zeros((batch, self._output_embeddings.vocabulary_size), "float32")
-        carry = {
-            "hidden": hidden,
-            "logits": no_logits,
-            "previous_logits": no_logits,
-            "states": ops.cast(self.exit_state(hidden)[:, 0], "float32"),
-            "count": ops.zeros((batch,), "int32"),
-            "done": ops.zeros((batch,), "bool"),
-            "exit_layer": ops.zeros((batch,), "int32"),
-            "layers": tuple(cache["layers"]),
-        }
-        for index in range(len(self.blocks)):
-            skip = functools.partial(self._fill_layer_cache, carry, index, cache_index)
-            run = functools.partial(self._run_layer, carry, index, cache_index, adaptive, rule)
-            carry = ops.cond(ops.all(carry["done"]), skip, run)
+
+        def read_state(hidden):
+            return ops.cast(self.exit_state(hidden)[:, 0], "float32")
+
+        def read_exit(exit_index, hidden):
+            state = self.exit_state(hidden)
+            return (self.exit_logits(exit_index, state)[:, 0],
+                    ops.cast(state[:, 0], "float32"))
+
+        control = EarlyExitControl(self.exit_layers, len(self.blocks),
+                                   self._output_embeddings.vocabulary_size, read_exit,
+                                   read_state, rule=rule, eligible=adaptive)
+        result = self.backbone.transformer_stack.run_layers(
+            hidden, control, use_causal_mask=True, cache=tuple(cache["layers"]),
+            cache_index=cache_index)
+        carry = result["control"]
         record = ops.logical_and(predicted, adaptive[:, None])
         exit_layers = ops.where(record, carry["exit_layer"][:, None], cache["exit_layers"])
-        new_cache = dict(cache, layers=carry["layers"], exit_layers=exit_layers)
-        return carry["logits"], self.exit_state(carry["hidden"])[:, 0], new_cache
-
-    def _run_layer(self, carry, index, cache_index, adaptive, rule):
-        """Layer `index` on the carried states (rows already done keep theirs, and cache the
-        keys and values of their exit state), then its exit if it has one."""
-        layers = list(carry["layers"])
-        outputs, layers[index] = self.blocks[index](
-            carry["hidden"], use_causal_mask=True, cache=layers[index], cache_index=cache_index)
-        done = carry["done"]
-        hidden = ops.where(done[:, None, None], carry["hidden"], outputs)
-        carry = dict(carry, hidden=hidden, layers=tuple(layers))
-        layer = index + 1
-        if layer not in self.exit_layers:
-            return carry
-        exit_index = self.exit_layers.index(layer)
-        state = self.exit_state(hidden)
-        logits = self.exit_logits(exit_index, state)[:, 0]
-        states = ops.cast(state[:, 0], "float32")
-        count = carry["count"]
-        if layer == len(self.blocks):
-            exits = ops.ones_like(done)
-        elif rule is None:
-            exits = ops.zeros_like(done)
-        else:
-            exits, count = exit_decision(rule[0], rule[1], logits, states,
-                                         carry["previous_logits"], carry["states"], count,
-                                         first=exit_index == 0)
-            exits = ops.logical_and(exits, adaptive)
-        return dict(
-            carry,
-            logits=ops.where(done[:, None], carry["logits"], logits),
-            exit_layer=ops.where(done, carry["exit_layer"], ops.cast(layer, "int32")),
-            done=ops.logical_or(done, exits),
-            count=ops.cast(count, "int32"),
-            states=states,
-            previous_logits=logits,
-        )
-
-    def _fill_layer_cache(self, carry, index, cache_index):
-        """Layer `index` skipped (every row has exited): only its self-attention sub-layer
-        runs on the frozen exit states, for the keys and values it caches; its outputs are
-        unused (XLA removes their computation)."""
-        layers = list(carry["layers"])
-        _, layers[index] = self.blocks[index].mixer_residual(
-            carry["hidden"], use_causal_mask=True, cache=layers[index], cache_index=cache_index)
-        return dict(carry, layers=tuple(layers))
+        new_cache = dict(cache, layers=result["cache"], exit_layers=exit_layers)
+        return carry["logits"], result["outputs"][:, 0], new_cache
 
     def get_config(self):
         config = super().get_config()

@@ -3,9 +3,12 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.blocks.layer_state_reader import LayerStateReader
 from keras_xf.layers.heads.early_exit_heads import EarlyExitHeads
 from keras_xf.layers.heads.pooling import Pooling
-from keras_xf.models.backbones.arguments import check_layerwise_backbone
+from keras_xf.models.adaptive.adaptive_encoder import AdaptiveEncoder
+from keras_xf.models.adaptive.early_exit_predictor import EarlyExitPredictor
+from keras_xf.models.backbones.arguments import check_adaptive_backbone
 from keras_xf.models.backbones.arguments import check_exit_heads
 from keras_xf.models.backbones.arguments import check_exit_layers
 from keras_xf.models.backbones.arguments import check_exit_loss_weights
@@ -14,15 +17,13 @@ from keras_xf.models.backbones.arguments import classifier_compile_defaults
 from keras_xf.models.backbones.arguments import record_config
 from keras_xf.models.backbones.arguments import task_backbone
 from keras_xf.models.backbones.arguments import token_inputs
-from keras_xf.models.backbones.functional_model import FunctionalModel
-from keras_xf.models.adaptive.layerwise import LayerwiseEncoder
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
 from keras_xf.training.early_exit_loss import EarlyExitLoss
 from keras_xf.training.early_exit_loss import final_exit_accuracy
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class EarlyExitClassifier(LayerwiseEncoder, FunctionalModel):
+class EarlyExitClassifier(AdaptiveEncoder):
     """`p^l = Softmax(Head^l(Pool(s^l)))` at each exit layer `l` of an encoder.
 
     An encoder classifier whose chosen layers each carry an early-exit classifier (survey
@@ -30,13 +31,15 @@ class EarlyExitClassifier(LayerwiseEncoder, FunctionalModel):
     one, as the last layer's is) is pooled and classified. Trained with `fit` on the
     weighted sum of the exits' cross-entropy losses (`EarlyExitLoss`, the default of
     `compile`); `early_exit_predictor` gives the model that stops computing once an exit
-    criterion is met.
+    criterion is met. The layers run through the stack's runner
+    (`TransformerStack.run_layers`), so every option of the stack applies: `s^l` is the
+    input of the next layer (after layer drop, multi-step residuals or fusion), shared and
+    hybrid layers run as in the stack.
 
     Args:
         num_classes: int.
-        backbone: a non-causal `TransformerBackbone` with a plain `TransformerStack` (no
-            layer fusion, layer drop, multi-step residuals or shared attention maps, whose
-            layers are not single functions of their inputs), or its arguments as keywords.
+        backbone: a non-causal `TransformerBackbone` whose stack is a `TransformerStack`
+            (any options; not reversible), or its arguments as keywords.
         exit_layers: optional list of increasing layer numbers `1 … L` carrying an exit; it
             must end with the last layer `L` (the model's final prediction). Default: every
             layer.
@@ -64,7 +67,7 @@ class EarlyExitClassifier(LayerwiseEncoder, FunctionalModel):
                  head_dropout=0.0, name=None, dtype=None, trainable=True, **backbone_kwargs):
         check_model_arguments(locals())
         backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs)
-        check_layerwise_backbone(backbone)
+        check_adaptive_backbone(backbone)
         exit_layers = check_exit_layers(exit_layers, backbone.num_layers)
         check_exit_heads(exit_heads)
         exit_loss_weights = check_exit_loss_weights(exit_loss_weights, len(exit_layers))
@@ -80,12 +83,9 @@ class EarlyExitClassifier(LayerwiseEncoder, FunctionalModel):
         # Functional model
         inputs = token_inputs(segments=backbone.uses_segment_ids)
         mask = ops.cast(inputs["padding_mask"], "bool")
-        hidden = self.embed(inputs)
-        logits = []
-        for index, block in enumerate(self.blocks):
-            hidden = block(hidden, padding_mask=mask, use_causal_mask=False)
-            if index + 1 in exit_layers:
-                logits.append(self.exit_logits(len(logits), hidden, mask))
+        reader = LayerStateReader(
+            exit_layers, lambda exit_index, state: self.exit_logits(exit_index, state, mask))
+        logits = self.run_layers(inputs, reader)["control"]["values"]
         outputs = ops.stack(logits, axis=1)
         super().__init__(inputs=inputs, outputs=outputs, name=name, dtype=dtype,
                          trainable=trainable)
@@ -104,8 +104,6 @@ class EarlyExitClassifier(LayerwiseEncoder, FunctionalModel):
         """An `EarlyExitPredictor` on this model's layers: it stops at the first exit whose
         `criterion` (`"entropy"`, `"max_probability"`, `"state_similarity"` or
         `"patience"`) passes `threshold`."""
-        from keras_xf.models.adaptive.early_exit_predictor import EarlyExitPredictor
-
         return EarlyExitPredictor(self, criterion=criterion, threshold=threshold)
 
     def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs):

@@ -3,9 +3,10 @@
 import keras
 from keras import ops
 
+from keras_xf.models.adaptive.adaptive_encoder import AdaptiveEncoder
+from keras_xf.models.adaptive.early_exit_control import EarlyExitControl
 from keras_xf.models.backbones.arguments import check_model_inputs
 from keras_xf.ops.exit_criteria import check_exit_rule
-from keras_xf.ops.exit_criteria import exit_decision
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -24,12 +25,14 @@ class EarlyExitPredictor(keras.Model):
 
     An input's answer is its exit's logits, frozen once it has exited.
 
-    How computation stops under static shapes: each layer runs inside `keras.ops.cond`,
-    whose branch is skipped when every input of the batch has exited (`lax.cond` under XLA,
-    `tf.cond` in a `tf.function`, a Python branch in eager PyTorch), so a batch costs the
-    layers of its deepest input. A row that exits early in a batch that continues has its
-    result frozen but is still computed with the others (shapes cannot shrink under XLA);
-    predicting with `batch_size=1` stops every input at its own exit.
+    How computation stops under static shapes: the classifier's stack runs its layers
+    under an `EarlyExitControl` (`TransformerStack.run_layers`), each inside
+    `keras.ops.cond`, whose branch is skipped when every input of the batch has exited
+    (`lax.cond` under XLA, `tf.cond` in a `tf.function`, a Python branch in eager PyTorch),
+    so a batch costs the layers of its deepest input. A row that exits early in a batch that
+    continues has its result and state frozen but is still computed with the others (shapes
+    cannot shrink under XLA); predicting with `batch_size=1` stops every input at its own
+    exit.
 
     Args:
         classifier: an `EarlyExitClassifier`.
@@ -49,11 +52,9 @@ class EarlyExitPredictor(keras.Model):
 
     def __init__(self, classifier, criterion, threshold, **kwargs):
         super().__init__(**kwargs)
-        from keras_xf.models.adaptive.early_exit_classifier import EarlyExitClassifier
-
         if isinstance(classifier, dict):
             classifier = keras.saving.deserialize_keras_object(classifier)
-        if not isinstance(classifier, EarlyExitClassifier):
+        if not isinstance(classifier, AdaptiveEncoder) or classifier.exit_layers is None:
             raise ValueError(
                 "classifier must be an EarlyExitClassifier. Received: "
                 f"classifier={type(classifier).__name__}"
@@ -68,54 +69,18 @@ class EarlyExitPredictor(keras.Model):
         model = self.classifier
         check_model_inputs(model, inputs)
         mask = ops.cast(inputs["padding_mask"], "bool")
-        hidden = model.embed(inputs)
-        batch = ops.shape(hidden)[0]
-        classes = model.num_classes
-        carry = {
-            "hidden": hidden,
-            "logits": ops.zeros((batch, classes), "float32"),
-            "previous_logits": ops.zeros((batch, classes), "float32"),
-            "states": ops.cast(model.pooled_state(hidden, mask), "float32"),
-            "count": ops.zeros((batch,), "int32"),
-            "done": ops.zeros((batch,), "bool"),
-            "exit_layer": ops.zeros((batch,), "int32"),
-        }
-        exits = list(model.exit_layers)
-        for index, block in enumerate(model.blocks):
-            layer = index + 1
-            exit_index = exits.index(layer) if layer in exits else None
 
-            def run(carry, block=block, layer=layer, exit_index=exit_index):
-                return self._layer(carry, block, layer, exit_index, mask)
+        def read_state(hidden):
+            return ops.cast(model.pooled_state(hidden, mask), "float32")
 
-            carry = ops.cond(ops.all(carry["done"]), lambda carry=carry: carry,
-                             lambda carry=carry, run=run: run(carry))
+        def read_exit(exit_index, hidden):
+            states = read_state(hidden)
+            return model.exit_logits(exit_index, hidden, mask, pooled=states), states
+
+        control = EarlyExitControl(model.exit_layers, len(model.blocks), model.num_classes,
+                                   read_exit, read_state, rule=(self.criterion, self.threshold))
+        carry = model.run_layers(inputs, control)["control"]
         return {"logits": carry["logits"], "exit_layer": carry["exit_layer"]}
-
-    def _layer(self, carry, block, layer, exit_index, mask):
-        """Layer `layer` on the carried state, then its exit (if it has one)."""
-        model = self.classifier
-        hidden = block(carry["hidden"], padding_mask=mask, use_causal_mask=False)
-        carry = dict(carry, hidden=hidden)
-        if exit_index is None:
-            return carry
-        states = ops.cast(model.pooled_state(hidden, mask), "float32")
-        logits = model.exit_logits(exit_index, hidden, mask, pooled=states)
-        exits, count = exit_decision(
-            self.criterion, self.threshold, logits, states, carry["previous_logits"],
-            carry["states"], carry["count"], first=exit_index == 0)
-        if layer == len(model.blocks):
-            exits = ops.ones_like(exits)
-        done = carry["done"]
-        return dict(
-            carry,
-            logits=ops.where(done[:, None], carry["logits"], logits),
-            exit_layer=ops.where(done, carry["exit_layer"], ops.cast(layer, "int32")),
-            done=ops.logical_or(done, exits),
-            count=count,
-            states=states,
-            previous_logits=logits,
-        )
 
     def compute_output_spec(self, inputs, training=False):
         batch = inputs["token_ids"].shape[0]

@@ -6,19 +6,20 @@ from keras import ops
 from keras_xf.layers.blocks.layer_skip_gate import LayerSkipGate
 from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.pooling import Pooling
-from keras_xf.models.backbones.arguments import check_layerwise_backbone
+from keras_xf.models.adaptive.adaptive_encoder import AdaptiveEncoder
+from keras_xf.models.adaptive.layer_skip_control import LayerSkipControl
+from keras_xf.models.adaptive.layer_skipping_predictor import LayerSkippingPredictor
+from keras_xf.models.backbones.arguments import check_adaptive_backbone
 from keras_xf.models.backbones.arguments import check_model_arguments
 from keras_xf.models.backbones.arguments import classifier_compile_defaults
 from keras_xf.models.backbones.arguments import record_config
 from keras_xf.models.backbones.arguments import task_backbone
 from keras_xf.models.backbones.arguments import token_inputs
-from keras_xf.models.backbones.functional_model import FunctionalModel
-from keras_xf.models.adaptive.layerwise import LayerwiseEncoder
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class LayerSkippingClassifier(LayerwiseEncoder, FunctionalModel):
+class LayerSkippingClassifier(AdaptiveEncoder):
     """`logits = Head(Pool(Norm(s^L)))` with `s^l = s^{l−1} + g_l · (Layer^l(s^{l−1}) − s^{l−1})`.
 
     An encoder classifier in which a learned `LayerSkipGate` before each layer decides, per
@@ -28,12 +29,15 @@ class LayerSkippingClassifier(LayerwiseEncoder, FunctionalModel):
     penalty `λ · mean_b p_l` to the model's losses, so the task loss is traded against the
     expected number of layers run. The functional model computes every layer and selects;
     `layer_skipping_predictor` gives the model that does not compute the skipped layers.
+    The layers run through the stack's runner under a `LayerSkipControl`
+    (`TransformerStack.run_layers`), so every option of the stack applies: a gated layer's
+    output is combined by layer drop, multi-step residuals or fusion like any layer's, and
+    a skipped layer is the identity (increment 0).
 
     Args:
         num_classes: int.
-        backbone: a non-causal `TransformerBackbone` with a plain `TransformerStack` (no
-            layer fusion, layer drop, multi-step residuals or shared attention maps, whose
-            layers are not single functions of their inputs), or its arguments as keywords.
+        backbone: a non-causal `TransformerBackbone` whose stack is a `TransformerStack`
+            (any options; not reversible), or its arguments as keywords.
         threshold: float `τ` in `[0, 1]`: layer `l` runs for an input when `p_l ≥ τ`.
         gate: `"straight_through"` (default) or `"multiply"` (see `LayerSkipGate`).
         compute_loss_weight: float `λ ≥ 0`, each gate's penalty weight.
@@ -60,7 +64,7 @@ class LayerSkippingClassifier(LayerwiseEncoder, FunctionalModel):
                  trainable=True, **backbone_kwargs):
         check_model_arguments(locals())
         backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs)
-        check_layerwise_backbone(backbone)
+        check_adaptive_backbone(backbone)
 
         # Layers
         self.backbone = backbone
@@ -78,11 +82,8 @@ class LayerSkippingClassifier(LayerwiseEncoder, FunctionalModel):
         # Functional model
         inputs = token_inputs(segments=backbone.uses_segment_ids)
         mask = ops.cast(inputs["padding_mask"], "bool")
-        hidden = self.embed(inputs)
-        for block, skip_gate in zip(self.blocks, self.gates):
-            updated = block(hidden, padding_mask=mask, use_causal_mask=False)
-            hidden = skip_gate(hidden, updated, padding_mask=mask)
-        logits = self.head(self.pooled_state(hidden, mask))
+        outputs = self.run_layers(inputs, LayerSkipControl(self.gates, mask))["outputs"]
+        logits = self.head(self.pooling(outputs, padding_mask=mask))
         super().__init__(inputs=inputs, outputs=logits, name=name, dtype=dtype,
                          trainable=trainable)
 
@@ -92,8 +93,6 @@ class LayerSkippingClassifier(LayerwiseEncoder, FunctionalModel):
     def layer_skipping_predictor(self, threshold=None):
         """A `LayerSkippingPredictor` on this model's layers and gates, which runs layer `l`
         for the inputs with `p_l ≥ threshold` only (`None`: the model's `threshold`)."""
-        from keras_xf.models.adaptive.layer_skipping_predictor import LayerSkippingPredictor
-
         return LayerSkippingPredictor(self, threshold=threshold)
 
     def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs):

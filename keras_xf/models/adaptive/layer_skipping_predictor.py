@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_xf.models.adaptive.adaptive_encoder import AdaptiveEncoder
+from keras_xf.models.adaptive.layer_skip_control import LayerSkipControl
 from keras_xf.models.backbones.arguments import check_model_inputs
 from keras_xf.ops.checks import check_probability
 
@@ -15,12 +17,14 @@ class LayerSkippingPredictor(keras.Model):
     (`p_l ≥ τ`, survey §5.6); an input for which it does not keeps its state `s^{l−1}`.
     The logits equal those of the classifier at inference.
 
-    How computation is skipped under static shapes: each layer runs inside `keras.ops.cond`,
-    whose branch is not executed when no input of the batch runs the layer (`lax.cond` under
-    XLA, `tf.cond` in a `tf.function`, a Python branch in eager PyTorch), so a batch costs
-    the layers that at least one of its inputs runs. A row that skips a layer that others
-    run is computed with them and its state kept unchanged (shapes cannot shrink under
-    XLA); predicting with `batch_size=1` gives every input its own depth.
+    How computation is skipped under static shapes: the classifier's stack runs its layers
+    under a `LayerSkipControl` (`TransformerStack.run_layers`), each inside
+    `keras.ops.cond`, whose branch is not executed when no input of the batch runs the layer
+    (`lax.cond` under XLA, `tf.cond` in a `tf.function`, a Python branch in eager PyTorch),
+    so a batch costs the layers that at least one of its inputs runs. A row that skips a
+    layer that others run is computed with them and passes the layer as the identity
+    (shapes cannot shrink under XLA); predicting with `batch_size=1` gives every input its
+    own depth.
 
     Args:
         classifier: a `LayerSkippingClassifier`.
@@ -37,11 +41,9 @@ class LayerSkippingPredictor(keras.Model):
 
     def __init__(self, classifier, threshold=None, **kwargs):
         super().__init__(**kwargs)
-        from keras_xf.models.adaptive.layer_skipping_classifier import LayerSkippingClassifier
-
         if isinstance(classifier, dict):
             classifier = keras.saving.deserialize_keras_object(classifier)
-        if not isinstance(classifier, LayerSkippingClassifier):
+        if not isinstance(classifier, AdaptiveEncoder) or classifier.gates is None:
             raise ValueError(
                 "classifier must be a LayerSkippingClassifier. Received: "
                 f"classifier={type(classifier).__name__}"
@@ -54,19 +56,11 @@ class LayerSkippingPredictor(keras.Model):
         model = self.classifier
         check_model_inputs(model, inputs)
         mask = ops.cast(inputs["padding_mask"], "bool")
-        hidden = model.embed(inputs)
-        executed = []
-        for block, gate in zip(model.blocks, model.gates):
-            run = gate.decision(hidden, mask, threshold=self.threshold)
-
-            def layer(hidden=hidden, block=block, run=run):
-                updated = block(hidden, padding_mask=mask, use_causal_mask=False)
-                return ops.where(run[:, None, None], ops.cast(updated, hidden.dtype), hidden)
-
-            hidden = ops.cond(ops.any(run), layer, lambda hidden=hidden: hidden)
-            executed.append(run)
-        executed = ops.stack(executed, axis=1)
-        logits = model.head(model.pooled_state(hidden, mask))
+        control = LayerSkipControl(model.gates, mask, threshold=self.threshold,
+                                   skip_computation=True)
+        result = model.run_layers(inputs, control)
+        executed = ops.stack(result["control"]["executed"], axis=1)
+        logits = model.head(model.pooling(result["outputs"], padding_mask=mask))
         return {
             "logits": ops.cast(logits, "float32"),
             "executed_layers": executed,

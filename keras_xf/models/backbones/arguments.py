@@ -12,7 +12,6 @@ import sys
 import keras
 import numpy as np
 
-from keras_xf.layers.blocks.transformer_block import TransformerBlock
 from keras_xf.layers.blocks.transformer_stack import TransformerStack
 from keras_xf.layers.heads.pooling import MODES
 from keras_xf.layers.residual.residual import NORMALIZATIONS
@@ -283,26 +282,18 @@ def check_reversible_arguments(share_attention_maps, depth_initialization, stack
 EXIT_HEADS = ("per_layer", "shared")
 
 
-def check_layerwise_backbone(backbone, causal=False):
-    """A task that calls the backbone's blocks one by one (early exit, layer skipping; survey
-    §5.6) takes a plain
-    `TransformerStack` only: fusion, layer drop, multi-step residuals and shared attention
-    maps make a layer's output depend on more than its block. `causal`: whether the task is
-    a language model (decoder layers, each a `TransformerBlock` without cross-attention,
-    whose self-attention sub-layer alone can fill a skipped layer's cache)."""
+def check_adaptive_backbone(backbone, causal=False):
+    """A task that runs the backbone's layers under per-layer control (early exit, layer
+    skipping; survey §5.6, `TransformerStack.run_layers`) takes a backbone whose stack is a
+    `TransformerStack` (any of its options; a `ReversibleStack` has no per-layer control)
+    and whose `causal` flag is the task's (`causal`: a language model)."""
     stack = backbone.transformer_stack
-    plain = (isinstance(stack, TransformerStack) and not stack._combines_layers
-             and stack.share_attention_maps == 1)
-    if plain and causal:
-        plain = all(isinstance(block, TransformerBlock) and block.cross_attention is None
-                    for block in stack.blocks)
-    if backbone.causal != causal or not plain:
+    if backbone.causal != causal or not isinstance(stack, TransformerStack):
         kind = "causal" if causal else "non-causal"
         raise ValueError(
-            f"backbone must be a {kind} TransformerBackbone whose stack has no layer fusion, "
-            "layer drop, multi-step residuals, shared attention maps or reversible layers"
-            f"{' (TransformerBlock layers without cross-attention)' if causal else ''}. "
-            f"Received: causal={backbone.causal}, stack={type(stack).__name__}"
+            f"backbone must be a {kind} TransformerBackbone whose stack is a TransformerStack "
+            f"(not reversible). Received: causal={backbone.causal}, "
+            f"stack={type(stack).__name__}"
         )
 
 

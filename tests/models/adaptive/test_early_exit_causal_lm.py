@@ -253,7 +253,7 @@ def test_saving(rng, tmp_path):
     ({"exit_layers": [3, 1]}, "exit_layers"),
     ({"exit_heads": "tied"}, "exit_heads"),
     ({"exit_loss_weights": [1.0]}, "exit_loss_weights"),
-    ({"stack_options": {"fusion": "average"}}, "backbone"),
+    ({"reversible": True}, "backbone"),
 ])
 def test_bad_configuration(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -206,7 +206,7 @@ def test_saving_and_predictor_config(trained, tmp_path):
     ({"exit_heads": "tied"}, "exit_heads"),
     ({"exit_loss_weights": [1.0]}, "exit_loss_weights"),
     ({"causal": True}, "backbone"),
-    ({"stack_options": {"fusion": "average"}}, "backbone"),
+    ({"reversible": True}, "backbone"),
 ])
 def test_bad_configuration(kwargs, match):
     with pytest.raises(ValueError, match=match):

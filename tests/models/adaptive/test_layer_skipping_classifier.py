@@ -198,7 +198,7 @@ def test_saving_and_predictor_config(trained, tmp_path):
     ({"compute_loss_weight": -1.0}, "compute_loss_weight"),
     ({"initial_bias": "high"}, "initial_bias"),
     ({"causal": True}, "backbone"),
-    ({"stack_options": {"fusion": "average"}}, "backbone"),
+    ({"reversible": True}, "backbone"),
     ({"num_classes": 0}, "num_classes"),
 ])
 def test_bad_configuration(kwargs, match):
