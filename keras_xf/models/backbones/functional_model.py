@@ -34,10 +34,12 @@ class FunctionalModel(keras.Model):
             self.dtype_policy = keras.dtype_policies.get(dtype)
 
     def __setattr__(self, name, value):
-        # Layers assigned before the functional `__init__` are tracked by the graph instead.
+        # Layers assigned before the functional `__init__` are tracked by the graph instead;
+        # until then the model keeps them in its own instance dictionary.
         if sets_attributes_before_module_init(self):
-            return object.__setattr__(self, name, value)
-        return super().__setattr__(name, value)
+            vars(self)[name] = value
+            return
+        super().__setattr__(name, value)
 
     def get_config(self):
         return {

@@ -11,7 +11,7 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 
 def sets_attributes_before_module_init(model):
-    """Whether `model` must take attributes with `object.__setattr__`: a PyTorch module cannot
+    """Whether `model` must keep attributes in its own instance dictionary: a PyTorch module cannot
     hold attributes before `torch.nn.Module.__init__` has run, and a functional model assigns
     its layers before calling the functional `__init__` (the graph tracks them then). Keras
     has no backend-neutral hook for this; other backends track attributes as usual."""
@@ -20,7 +20,7 @@ def sets_attributes_before_module_init(model):
 
 def register_module_parameters(model):
     """Registers `model`'s variables as PyTorch parameters again after the functional
-    `__init__`: `_torch_params` was set past torch's `__setattr__` (see
+    `__init__`: `_torch_params` was kept out of torch's `__setattr__` (see
     `sets_attributes_before_module_init`), and `parameters()` (torch.onnx, torch.export)
     would miss the weights. Nothing to do on other backends, nor for variables created
     without values (in a `keras.StatelessScope`): Keras tracks those when first asked for the

@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "keras_xf"
 INTERNALS = "keras_xf/ops/keras_internals.py"
 PRIVATE_PACKAGES = ("keras.src", "keras_hub.src")
