@@ -1,13 +1,14 @@
 """Everything keras_xf needs of Keras and keras-hub that they offer no public API for.
 
 The rest of the library reads no private attribute of an object it does not own and imports
-nothing from `keras.src` or `keras_hub.src` (checked by `tests/test_private_access.py`); where
+nothing from `keras.src` or `keras_hub.src` (checked by `tests/once/test_private_access.py`); where
 Keras has no public route, the reach lives here, one function each, with the reason in its
 docstring, so that a Keras upgrade has one file to check (`tests/ops/test_keras_internals.py`
 tests each function against the installed Keras).
 """
 
 from keras.src.backend.common import global_state
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.losses.loss import scale_loss_for_distribution as _scale_loss_for_distribution
 
 # Keras' global-state key for the variables created in a `keras.StatelessScope` that still
@@ -22,6 +23,18 @@ def sublayers(layer, include_self=False):
     functional model's top level only); this is Keras' own walk, `Layer._flatten_layers`.
     """
     return layer._flatten_layers(include_self=include_self, recursive=True)
+
+
+def track_torch_variables(layer):
+    """Registers a layer's variables as its PyTorch parameters again (PyTorch backend), so
+    that `parameters()` (torch.onnx, torch.export) sees them; nothing for variables created
+    without values in a `keras.StatelessScope`, which Keras tracks when first asked.
+
+    Why here: Keras tracks them once, at build, through its private `_track_variables`; a
+    functional model whose attributes were kept out of torch's `__setattr__` needs it again.
+    """
+    if not in_stateless_scope():
+        layer._track_variables()
 
 
 def holds_value(variable):

@@ -8,6 +8,7 @@ from keras_xf.export import input_specs
 from keras_xf.models.backbones.arguments import check_model_inputs
 from keras_xf.models.backbones.torch_module import register_module_parameters
 from keras_xf.models.backbones.torch_module import sets_attributes_before_module_init
+from keras_xf.ops.keras_internals import sublayers
 
 
 class FunctionalModel(keras.Model):
@@ -36,7 +37,7 @@ class FunctionalModel(keras.Model):
     def __setattr__(self, name, value):
         # Layers assigned before the functional `__init__` are tracked by the graph instead;
         # until then the model keeps them in its own instance dictionary.
-        if sets_attributes_before_module_init(self):
+        if sets_attributes_before_module_init(vars(self).get("_initialized", False)):
             vars(self)[name] = value
             return
         super().__setattr__(name, value)
@@ -57,7 +58,7 @@ class FunctionalModel(keras.Model):
         policy = keras.dtype_policies.get(config["dtype"]) if config.get("dtype") else None
         if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
             paths = set(policy)
-            for layer in model._flatten_layers():
+            for layer in sublayers(model, include_self=True):
                 if layer.path in paths and layer.quantization_mode is None:
                     layer.dtype_policy = policy[layer.path]
         return model
@@ -116,7 +117,7 @@ def quantized_policy_map(model):
     if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
         return policy
     policy_map = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
-    for layer in model._flatten_layers():
+    for layer in sublayers(model, include_self=True):
         if layer.quantization_mode is not None:
             policy_map[layer.path] = layer.dtype_policy
     return policy_map if len(policy_map) else policy

@@ -7,15 +7,17 @@ nothing. `FunctionalModel` is their only user.
 """
 
 import keras
-from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+from keras_xf.ops.keras_internals import track_torch_variables
 
 
-def sets_attributes_before_module_init(model):
-    """Whether `model` must keep attributes in its own instance dictionary: a PyTorch module cannot
+def sets_attributes_before_module_init(initialized):
+    """Whether a model whose functional `__init__` has (`initialized`) or has not run must keep
+    attributes in its own instance dictionary: a PyTorch module cannot
     hold attributes before `torch.nn.Module.__init__` has run, and a functional model assigns
     its layers before calling the functional `__init__` (the graph tracks them then). Keras
     has no backend-neutral hook for this; other backends track attributes as usual."""
-    return keras.config.backend() == "torch" and not hasattr(model, "_initialized")
+    return keras.config.backend() == "torch" and not initialized
 
 
 def register_module_parameters(model):
@@ -25,5 +27,5 @@ def register_module_parameters(model):
     would miss the weights. Nothing to do on other backends, nor for variables created
     without values (in a `keras.StatelessScope`): Keras tracks those when first asked for the
     parameters, as its own layers do."""
-    if keras.config.backend() == "torch" and not in_stateless_scope():
-        model._track_variables()
+    if keras.config.backend() == "torch":
+        track_torch_variables(model)

@@ -29,6 +29,7 @@ from keras_xf.models.generative.generation_arguments import check_stop_token_ids
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
 from keras_xf.training.chunked_loss_model import chunked_loss_metrics
+from keras_xf.ops.keras_internals import sublayers
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -336,7 +337,7 @@ class GenerativeTask(FunctionalModel):
         """Whether a decoder layer keeps a recurrent state (`cache_is_recurrent = True`)
         rather than a cache addressed by position, which may be written twice."""
         return any(isinstance(layer, SequenceMixer) and layer.cache_is_recurrent
-                   for layer in self._generation_stack._flatten_layers())
+                   for layer in sublayers(self._generation_stack))
 
     def _prefill_cross_attention(self, cache, batch_size, **encoder_inputs):
         """The cache of a cross-attending decoder with only the cross-attention keys and
