@@ -5,11 +5,11 @@ what is read after each layer (early exit, layer skipping; survey §5.6)."""
 class LayerControl:
     """Steers `TransformerStack.run_layers` layer by layer; the stack keeps its options.
 
-    The stack runs layer `l = 0 … L−1` on its state `Z^l` (`Z^0` the stack's input, `Z^{l+1}`
-    the input of the next layer, `Z^L` the stack's output before its final norm) with every
-    option it has (shared layers, fusion, layer drop, multi-step residuals, shared attention
-    maps, hybrid templates). Before layer `l` it asks the control which rows run the layer
-    (`rows`) and which have stopped (`stopped`):
+    The stack runs layer `l = 1 … L` (`index = l − 1`) on its input `Z^l` (`Z^1` the stack's
+    input, `Z^{L+1}` its output before the final norm) with every option it has (shared
+    layers, fusion, layer drop, multi-step residuals, shared attention maps, hybrid
+    templates). Before each layer it asks the control which rows run it (`rows`) and which
+    have stopped (`stopped`):
 
     - a row that does not run layer `l` passes it as the identity: the block's output is its
       input, `Block^l(Z^l) = Z^l` (the increment `f^l = 0`), and the stack's options combine
@@ -40,11 +40,11 @@ class LayerControl:
     """
 
     def start(self, state):
-        """The control's carry before the first layer, from the stack's input `Z^0`."""
+        """The control's carry before the first layer, from the stack's input `Z^1`."""
         return {}
 
     def rows(self, index, state, carry):
-        """Bool `[B]`: the rows that run layer `index` on `state` `Z^index`; `None`: all."""
+        """Bool `[B]`: the rows that run layer `index` on `state` (its input); `None`: all."""
         return None
 
     def stopped(self, carry):
@@ -53,13 +53,13 @@ class LayerControl:
 
     def update(self, index, inputs, outputs, carry):
         """The output of layer `index`'s block as the stack combines it, from its inputs
-        `Z^index` and its outputs `Block(Z^index)` (e.g. a gate mixing the two); `outputs`
-        by default."""
+        `Z^l` and its outputs `Block^l(Z^l)` (e.g. a gate mixing the two); `outputs` by
+        default."""
         return outputs
 
     def after(self, index, state, carry, rows):
         """The carry after layer `index` ran for some rows (`rows`: as `self.rows` gave
-        them); `state` is `Z^{index+1}`."""
+        them); `state` is the layer's output state `Z^{l+1}`."""
         return carry
 
     def skipped(self, index, state, carry, rows):

@@ -69,7 +69,7 @@ class LayerRunner:
         self.share_bias_terms = share_bias_terms
 
     def start(self, inputs):
-        """The carry before the first layer, `Z^0 = inputs`."""
+        """The carry before the first layer, `Z^1 = inputs`."""
         stack = self.stack
         carry = {"hidden": inputs}
         if stack.fusions or stack.multisteps:
