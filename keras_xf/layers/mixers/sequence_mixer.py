@@ -102,6 +102,8 @@ class SequenceMixer(keras.layers.Layer):
         cache_index=None,
         training=None,
     ):
+        """The contract's call: checks, `causal_form`, `mix`, then `outputs` or
+        `(outputs, new_cache)` (a subclass documents its call arguments)."""
         self.check_call_inputs(inputs, self.input_dim, padding_mask, attention_mask, cache,
                                self.cache_shapes(inputs.shape[0]))
         causal = self.causal_form(use_causal_mask, cache)
