@@ -48,16 +48,14 @@ class SequenceMixer(keras.layers.Layer):
       for a mixer that takes one.
     """
 
-    cache_is_recurrent = False
-    no_attention_mask = None
-
+    # The width `d` of the inputs, recorded by `check_inputs_shape` when the mixer is built.
+    input_dim = None
     # The dtype of every tensor of the cache a call returns: float32 for the running states
     # accumulated in float32; `None` for a cache kept in the dtype it was made with.
     cache_dtype = "float32"
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.input_dim = None  # the width `d` of the inputs, known once built
+    cache_is_recurrent = False
+    no_attention_mask = None
 
     def check_inputs_shape(self, inputs_shape):
         """The width `d` of `inputs_shape` `[batch, length, d]` given to `build`, which needs
