@@ -22,6 +22,7 @@ import keras
 import numpy as np
 
 import keras_xf.layers
+from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 
 EXAMPLE_FILE = "<layer docstring example>"
 
@@ -64,9 +65,11 @@ def discover_layers():
                 and value.__module__.startswith("keras_xf.layers")
                 and _public(value.__module__)
                 and not name.startswith("_")
-                # A base class with no `call` of its own (a mixer or feedforward base) is
-                # only subclassed, never called; its subclasses are found here themselves.
+                # A base class with no `call` of its own (a feedforward base), or a mixer base
+                # whose template `call` runs a `mix` it does not define, is only subclassed,
+                # never called; its subclasses are found here themselves.
                 and value.call is not keras.layers.Layer.call
+                and not (value.call is SequenceMixer.call and not hasattr(value, "mix"))
             ):
                 found[value.__name__] = value
     return tuple(found[name] for name in sorted(found))

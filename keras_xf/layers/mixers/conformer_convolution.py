@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.mixers.sequence_convolution import SequenceConvolution
+from keras_xf.layers.mixers._convolution import SequenceConvolution
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import get_activation

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_xf.layers.mixers.sequence_convolution import SequenceConvolution
+from keras_xf.layers.mixers._convolution import SequenceConvolution
 from keras_xf.ops.convolution import valid_depthwise_convolution
 
 

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.mixers.head_convolution import HeadConvolution
+from keras_xf.layers.mixers._convolution import HeadConvolution
 
 # Positions per block of the tap sum on long sequences: one block's copies and products
 # (2,048 × d floats each) stay in a CPU's caches, where one block of the whole sequence does not.

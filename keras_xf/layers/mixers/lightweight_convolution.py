@@ -4,7 +4,7 @@
 import keras
 from keras import ops
 
-from keras_xf.layers.mixers.head_convolution import HeadConvolution
+from keras_xf.layers.mixers._convolution import HeadConvolution
 from keras_xf.ops.convolution import valid_depthwise_convolution
 
 

@@ -51,17 +51,16 @@ class SequenceMixer(keras.layers.Layer):
       (`CompressedStack` shifts its windows); `False` by default.
     """
 
-    cache_is_recurrent = False
-    no_attention_mask = None
     causal = False
 
+    # The width `d` of the inputs, recorded by `check_inputs_shape` when the mixer is built.
+    input_dim = None
     # The dtype of every tensor of the cache a call returns: float32 for the running states
     # accumulated in float32; `None` for a cache kept in the dtype it was made with.
     cache_dtype = "float32"
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.input_dim = None  # the width `d` of the inputs, known once built
+    cache_is_recurrent = False
+    no_attention_mask = None
 
     def check_inputs_shape(self, inputs_shape):
         """The width `d` of `inputs_shape` `[batch, length, d]` given to `build`, which needs
@@ -106,6 +105,8 @@ class SequenceMixer(keras.layers.Layer):
         cache_index=None,
         training=None,
     ):
+        """The contract's call: checks, `causal_form`, `mix`, then `outputs` or
+        `(outputs, new_cache)` (a subclass documents its call arguments)."""
         self.check_call_inputs(inputs, self.input_dim, padding_mask, attention_mask, cache,
                                self.cache_shapes(inputs.shape[0]))
         causal = self.causal_form(use_causal_mask, cache)
