@@ -351,14 +351,14 @@ def from_keras_hub(backbone, dtype=None):
         raise ImportError("Converting keras-hub backbones needs keras-hub with its Hugging "
                           "Face exporter: pip install 'keras-hub>=0.20'") from None
     name = type(backbone).__name__
-    if name in exported:
+    if type(backbone) in exported:  # the exporter's table is keyed by the exact class
         with tempfile.TemporaryDirectory() as directory:
             export_keras_hub_backbone(backbone, directory)
             return from_huggingface(directory, dtype=dtype)
     converters = _converters()
     convert = next((f for cls, f in converters.items() if isinstance(backbone, cls)), None)
     if convert is None:
-        known = sorted(set(exported) | {cls.__name__ for cls in converters})
+        known = sorted({cls.__name__ for cls in exported} | {cls.__name__ for cls in converters})
         raise ValueError(f"backbone must be one of the keras-hub backbones keras_xf converts "
                          f"({known}). Received: a {name}")
     config, tensors = convert(backbone)

@@ -84,15 +84,17 @@ def scale_loss_for_distribution(value):
 
 
 def keras_hub_exported_backbones():
-    """The names of the keras-hub backbone classes that keras-hub's Hugging Face exporter
-    writes.
+    """The keras-hub backbone classes that keras-hub's Hugging Face exporter writes.
 
-    Why here: keras-hub keeps its exporter's table of classes in
-    `keras_hub.src.utils.transformers.export.hf_exporter`, with no public accessor.
+    Why here: keras-hub keeps its exporter's table, keyed by class name, in
+    `keras_hub.src.utils.transformers.export.hf_exporter`, with no public accessor; the
+    names are resolved to the public classes of `keras_hub.models` once, here.
     """
+    import keras_hub
     from keras_hub.src.utils.transformers.export.hf_exporter import MODEL_CONFIGS
 
-    return frozenset(MODEL_CONFIGS)
+    return frozenset(getattr(keras_hub.models, name) for name in MODEL_CONFIGS
+                     if isinstance(getattr(keras_hub.models, name, None), type))
 
 
 def export_keras_hub_backbone(backbone, directory):

@@ -82,8 +82,9 @@ def test_scale_loss_for_distribution_leaves_a_loss_alone_without_a_strategy():
 def test_keras_hub_exporter_writes_an_untied_lm_head(tmp_path):
     keras_hub = pytest.importorskip("keras_hub")
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
-    names = keras_internals.keras_hub_exported_backbones()
-    assert {"GPT2Backbone", "Llama3Backbone", "GemmaBackbone"} <= names
+    classes = keras_internals.keras_hub_exported_backbones()
+    models = keras_hub.models
+    assert {models.GPT2Backbone, models.Llama3Backbone, models.GemmaBackbone} <= classes
     backbone = keras_hub.models.Llama3Backbone(
         vocabulary_size=11, num_layers=1, num_query_heads=2, num_key_value_heads=1,
         hidden_dim=8, intermediate_dim=12)
