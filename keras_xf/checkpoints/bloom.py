@@ -60,6 +60,11 @@ def _sizes(config):
     return width, heads, layers
 
 
+def build_from_folder(folder, dtype=None):
+    """`build` on the folder's config: the model does not depend on the tensors present."""
+    return build(folder.config, dtype=dtype)
+
+
 def build(config, dtype=None):
     if config.get("apply_residual_connection_post_layernorm", False):
         raise ValueError("BLOOM checkpoints with apply_residual_connection_post_layernorm=True "

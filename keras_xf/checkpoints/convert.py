@@ -17,9 +17,9 @@ from keras_xf.checkpoints.deferred_variables import initialize_unfilled
 from keras_xf.checkpoints.safetensors_folder import SafetensorsFolder
 
 # Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
-# `model_type` to one), `build(config, dtype)`, `tensor_map(model, config)` and
-# `hf_config(model)`; a family whose model depends on the tensors present (T5 1.1's own
-# `lm_head`) also has `build_from_folder(folder, dtype)`.
+# `model_type` to one), `build(config, dtype)`, `build_from_folder(folder, dtype)` (the model
+# may depend on the tensors present: T5 1.1's own `lm_head`), `tensor_map(model, config)` and
+# `hf_config(model)`.
 FAMILIES = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "mixtral": mixtral, "t5": t5,
             "vit": vit, "bert": bert, "bloom": bloom, "mamba": mamba}
 # Architectures of a known family that keras_xf refuses, with the reason.
@@ -83,10 +83,7 @@ def load_checkpoint(folder, dtype=None):
     try:
         # Variables take their first value from the checkpoint: no random weights beside it.
         with built_without_values():
-            if hasattr(family, "build_from_folder"):
-                model = family.build_from_folder(folder, dtype=dtype)
-            else:
-                model = family.build(folder.config, dtype=dtype)
+            model = family.build_from_folder(folder, dtype=dtype)
         family.tensor_map(model, folder.config).load(folder, architecture)
     finally:
         initialize_unfilled()

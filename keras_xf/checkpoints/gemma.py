@@ -30,6 +30,11 @@ def _activation(config):
     return parts.activation({"hidden_act": name}, "hidden_act", gated=True)
 
 
+def build_from_folder(folder, dtype=None):
+    """`build` on the folder's config: the model does not depend on the tensors present."""
+    return build(folder.config, dtype=dtype)
+
+
 def build(config, dtype=None):
     if config.get("use_bidirectional_attention"):
         raise ValueError("Gemma checkpoints with use_bidirectional_attention=True are not "

@@ -29,6 +29,11 @@ def _check(config):
                              f"(keras_xf reads {key}={value!r}).")
 
 
+def build_from_folder(folder, dtype=None):
+    """`build` on the folder's config: the model does not depend on the tensors present."""
+    return build(folder.config, dtype=dtype)
+
+
 def build(config, dtype=None):
     _check(config)
     width = config["n_embd"]

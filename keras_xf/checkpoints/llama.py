@@ -81,6 +81,11 @@ def decoder_lm(config, block, dtype=None, tie_embeddings=False, embedding_scale=
     )
 
 
+def build_from_folder(folder, dtype=None):
+    """`build` on the folder's config: the model does not depend on the tensors present."""
+    return build(folder.config, dtype=dtype)
+
+
 def build(config, dtype=None):
     qwen2 = config.get("model_type") == "qwen2"
     attention = rotary_attention(config, use_bias=True if qwen2 else None,

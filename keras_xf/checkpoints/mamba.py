@@ -51,6 +51,11 @@ def _setting(config, key):
     return DEFAULTS[key] if value is None else value
 
 
+def build_from_folder(folder, dtype=None):
+    """`build` on the folder's config: the model does not depend on the tensors present."""
+    return build(folder.config, dtype=dtype)
+
+
 def build(config, dtype=None):
     if _setting(config, "hidden_act") != "silu":
         raise ValueError("Mamba checkpoints with hidden_act other than 'silu' are not "

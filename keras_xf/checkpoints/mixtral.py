@@ -27,6 +27,11 @@ ARCHITECTURES = ("MixtralForCausalLM",)
 MODEL_TYPES = {"mixtral": "MixtralForCausalLM"}
 
 
+def build_from_folder(folder, dtype=None):
+    """`build` on the folder's config: the model does not depend on the tensors present."""
+    return build(folder.config, dtype=dtype)
+
+
 def build(config, dtype=None):
     balance = 0.0
     if config.get("output_router_logits"):

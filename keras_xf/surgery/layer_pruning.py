@@ -1,5 +1,6 @@
 """A model built again with a subset of its Transformer layers (survey §4.2.4)."""
 
+from keras_xf.models.backbones.functional_model import FunctionalModel
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
 
 
@@ -13,8 +14,9 @@ def _backbone_config(config, stack, num_layers):
 def transformer_backbone_of(model):
     """`model` itself if it is a `TransformerBackbone`, else the one it holds as
     `model.backbone`; a `ValueError` otherwise."""
-    backbone = model if isinstance(model, TransformerBackbone) else getattr(model, "backbone",
-                                                                             None)
+    backbone = model
+    if isinstance(model, FunctionalModel) and model.backbone is not None:
+        backbone = model.backbone
     if not isinstance(backbone, TransformerBackbone):
         raise ValueError(
             "model must be a TransformerBackbone or a task with one as `backbone`. Received: "

@@ -1,8 +1,24 @@
 """Sequence-level knowledge distillation: a training set from the teacher's outputs (survey §5.7)."""
 
+from typing import Protocol
+from typing import runtime_checkable
+
 import numpy as np
 
 from keras_xf.ops.checks import check_positive_int
+
+
+@runtime_checkable
+class SequenceGenerator(Protocol):
+    """What sequence distillation asks of its teacher: a keras_xf generating task
+    (`GenerativeTask`: `Seq2SeqLM`, `CausalLM`, ...), named by its interface because the
+    training package sits below the models."""
+
+    prompt_keys: tuple
+    pad_token_id: int
+
+    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None):
+        """The ids of `inputs`' outputs, `[B, max_length]`."""
 
 
 def sequence_distillation_data(teacher, inputs, max_length, stop_token_ids=None,
@@ -35,7 +51,7 @@ def sequence_distillation_data(teacher, inputs, max_length, stop_token_ids=None,
         the shifted outputs `[N, max_length − 1]`, `y` int32 `[N, max_length − 1]`,
         `sample_weight` float32 `[N, max_length − 1]`.
     """
-    if not hasattr(teacher, "generate") or not hasattr(teacher, "prompt_keys"):
+    if not isinstance(teacher, SequenceGenerator):
         raise ValueError(
             "teacher must be a keras_xf generating task (Seq2SeqLM, CausalLM, ...). "
             f"Received: teacher={type(teacher).__name__}"

@@ -237,3 +237,11 @@ def test_bad_arguments_raise(pair):
     with pytest.raises(ValueError, match="batch size"):
         sequence_distillation_data(teacher, {"token_ids": np.ones((1, 4), "int32"),
                                              "padding_mask": np.ones((2, 4), "int32")}, 4)
+
+
+def test_sequence_distillation_refuses_a_teacher_that_does_not_generate():
+    classifier = tiny.text_classifier()
+    with pytest.raises(ValueError, match="teacher must be a keras_xf generating task .*"
+                       "Received: teacher=TextClassifier"):
+        sequence_distillation_data(classifier, {"token_ids": np.ones((2, 4), "int32")},
+                                   max_length=4)

@@ -26,8 +26,12 @@ class FunctionalModel(keras.Model):
     # The longest sequence the model takes (its position table), or `None`: unbounded, or
     # that of a sub-model (a task's backbone). Models with the argument record it.
     max_sequence_length = None
+    # The sub-model a task is built on (a `TransformerBackbone`, `Seq2SeqBackbone`, ...), or
+    # `None` for a backbone itself. Tasks set it.
+    backbone = None
 
     def __init__(self, *args, dtype=None, **kwargs):
+        check_known_arguments(type(self), kwargs)
         super().__init__(*args, **kwargs)
         self._initialized = True
         register_module_parameters(self)
@@ -121,3 +125,20 @@ def quantized_policy_map(model):
         if layer.quantization_mode is not None:
             policy_map[layer.path] = layer.dtype_policy
     return policy_map if len(policy_map) else policy
+
+
+# What a model passes on to `keras.Model`'s functional `__init__`; Keras drops other keywords
+# without a word, so a misspelt model argument would be ignored.
+FUNCTIONAL_ARGUMENTS = ("inputs", "outputs", "name", "trainable")
+
+
+def check_known_arguments(model_class, kwargs):
+    """Refuses keywords that reached the functional `__init__` but are none of `inputs`,
+    `outputs`, `name`, `trainable`: arguments the model (or its backbone) does not take."""
+    unknown = sorted(set(kwargs) - set(FUNCTIONAL_ARGUMENTS))
+    if unknown:
+        raise ValueError(
+            f"{model_class.__name__} does not take the arguments {unknown}: expected those of "
+            f"{model_class.__name__}.__init__. Received: "
+            + ", ".join(f"{name}={kwargs[name]!r}" for name in unknown)
+        )

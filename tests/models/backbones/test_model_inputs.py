@@ -134,3 +134,20 @@ def test_seq2seq_backbone_checks_encoder_and_decoder_masks():
 def test_bad_hyperparameters_raise_naming_the_argument(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize(
+    "make,model_name",
+    [
+        (lambda: TextClassifier(2, num_layers=1, fusion="average", **SIZES),
+         "TransformerBackbone"),
+        (lambda: TransformerBackbone(num_layers=1, hiden_dim=4, **SIZES), "TransformerBackbone"),
+        (lambda: CausalLM(num_layers=1, fusion="average", **SIZES), "TransformerBackbone"),
+        (lambda: VisionBackbone(fusion="average", **VISION), "VisionBackbone"),
+        (lambda: Seq2SeqBackbone(num_layers=1, fusion="average", **SIZES), "Seq2SeqBackbone"),
+    ],
+)
+def test_unknown_arguments_raise_instead_of_being_dropped(make, model_name):
+    with pytest.raises(ValueError, match=model_name + r" does not take the arguments "
+                       r"\['(fusion|hiden_dim)'\]: expected those of .*Received: "):
+        make()
