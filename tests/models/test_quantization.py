@@ -152,11 +152,13 @@ QUANTIZED_CASES = [(name, "int8") for name in ("causal_lm", "seq2seq_lm", "text_
                                                "vision_classifier", "vision_language_lm_prefix")]
 QUANTIZED_CASES += [("causal_lm", "float8"), ("causal_lm", "int4"), ("moe_causal_lm", "int8"),
                     ("moe_causal_lm", "int4")]
-# Generation compiles a loop and a `.keras` load rebuilds the model: both for these only.
-GENERATES = {("causal_lm", "int8"), ("causal_lm", "int4"), ("seq2seq_lm", "int8"),
-             ("moe_causal_lm", "int8"), ("moe_causal_lm", "int4")}
+# Generation compiles a loop and a `.keras` load rebuilds the model: both for these only;
+# the uncached loop, the reference of the cached one, for the first two.
+GENERATES = {("causal_lm", "int8"), ("seq2seq_lm", "int8"), ("causal_lm", "int4"),
+             ("moe_causal_lm", "int8")}
+UNCACHED_REFERENCE = {("causal_lm", "int8"), ("seq2seq_lm", "int8")}
 SAVES = {("causal_lm", "int8"), ("vision_language_lm_prefix", "int8"), ("causal_lm", "int4"),
-         ("moe_causal_lm", "int8"), ("moe_causal_lm", "int4")}
+         ("moe_causal_lm", "int4")}
 # Layers of keras_xf's own with Keras' quantisation hooks, and the modes they take.
 INTEGER_ONLY = (TokenEmbedding, ExpertWeights)
 
@@ -191,7 +193,10 @@ def test_quantised_model_predicts_generates_and_saves(name, mode, rng, tmp_path)
     if (name, mode) in GENERATES:
         prompts = MODELS[name][2](rng)
         cached = generate_tokens(model, prompts, use_cache=True)
-        np.testing.assert_array_equal(cached, generate_tokens(model, prompts, use_cache=False))
+        assert cached.shape[-1] == 6
+        if (name, mode) in UNCACHED_REFERENCE:
+            np.testing.assert_array_equal(cached, generate_tokens(model, prompts,
+                                                                  use_cache=False))
 
     if (name, mode) not in SAVES:
         return
