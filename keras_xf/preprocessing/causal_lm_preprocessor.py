@@ -73,7 +73,8 @@ class CausalLMPreprocessor(Preprocessor):
         # A text that already starts with the start token (a rendered chat template that
         # writes `bos_token`) does not get a second one.
         rows = [(start if row[:1] != start else []) + row + stop for row in rows]
-        return fit_rows(rows, length, self.truncate, keep_last=len(stop))
+        return fit_rows(rows, length, self.truncate, keep_last=len(stop),
+                        received=self.sequence_length)
 
     def __call__(self, x, y=None, sample_weight=None):
         """`(x, y, sample_weight)` of texts `x` for `fit`; the labels come from the texts,

@@ -112,8 +112,9 @@ class KerasHubTokenizer:
                              else _model_token_id(tokenizer, "end_token_id"))
         self.pad_token_id = (pad_token_id if pad_token_id is not None
                              else _model_token_id(tokenizer, "pad_token_id") or 0)
-        # keras-hub's tokenizers never add a start token themselves.
-        self.adds_start_token = False
+        # keras-hub's preprocessors start every text with the start token where the
+        # tokenizer has one (its tokenizers never add it themselves).
+        self.adds_start_token = self.start_token_id is not None
 
     @property
     def vocabulary_size(self):

@@ -77,7 +77,8 @@ class Seq2SeqLMPreprocessor(Preprocessor):
             text_list(x["decoder_text"], "decoder_text"), add_special_tokens=False)]
         width = self.decoder_sequence_length + 1
         targets = pack_rows(fit_rows(targets, width, self.truncate, keep_last=len(end),
-                                     name="decoder_sequence_length"),
+                                     name="decoder_sequence_length",
+                                     received=self.decoder_sequence_length),
                             width, self.tokenizer.pad_token_id)
         ids, mask = targets["token_ids"], targets["padding_mask"]
         inputs = {"encoder_token_ids": sources["token_ids"],

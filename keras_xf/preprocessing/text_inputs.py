@@ -40,22 +40,27 @@ def check_sequence_length(sequence_length, name="sequence_length"):
     return check_positive_int(name, sequence_length)
 
 
-def check_lengths(rows, sequence_length, name="sequence_length"):
-    """Raises a `ValueError` naming the first row longer than `sequence_length`: nothing is
-    truncated unless truncation is asked for."""
+def check_lengths(rows, sequence_length, name="sequence_length", received=None):
+    """Raises a `ValueError` naming the first row longer than `sequence_length` (the room
+    that the argument `name`, of value `received`, leaves): nothing is truncated unless
+    truncation is asked for."""
+    received = sequence_length if received is None else received
     for index, row in enumerate(rows):
         if len(row) > sequence_length:
             raise ValueError(
-                f"Text {index} has {len(row)} tokens, more than {name}={sequence_length}; pass "
-                f"truncate=True to cut it, or a larger {name}. Received: {name}={sequence_length}"
+                f"Text {index} has {len(row)} tokens (special tokens included), more than the "
+                f"{sequence_length} that {name}={received} allows; pass truncate=True to cut "
+                f"it, or a larger {name}. Received: {name}={received}"
             )
 
 
-def fit_rows(rows, sequence_length, truncate, keep_last=0, name="sequence_length"):
+def fit_rows(rows, sequence_length, truncate, keep_last=0, name="sequence_length",
+             received=None):
     """Rows no longer than `sequence_length`: cut (keeping their last `keep_last` ids, e.g.
-    an end token) when `truncate`, else a `ValueError` for the first that is longer."""
+    an end token) when `truncate`, else a `ValueError` for the first that is longer (see
+    `check_lengths`)."""
     if not truncate:
-        check_lengths(rows, sequence_length, name)
+        check_lengths(rows, sequence_length, name, received)
         return [list(row) for row in rows]
     head = sequence_length - keep_last
     return [list(row) if len(row) <= sequence_length
