@@ -6,6 +6,7 @@ import keras
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.preprocessing.preprocessor import Preprocessor
 from keras_xf.preprocessing.preprocessor import weighted
+from keras_xf.preprocessing.text_inputs import check_lengths
 from keras_xf.preprocessing.text_inputs import check_sequence_length
 from keras_xf.preprocessing.text_inputs import fit_rows
 from keras_xf.preprocessing.text_inputs import pack_rows
@@ -57,9 +58,11 @@ class Seq2SeqLMPreprocessor(Preprocessor):
             "decoder_start_token_id", decoder_start_token_id, minimum=0)
 
     def _sources(self, texts, name):
-        return self.tokenizer.tokenize(text_list(texts, name), add_special_tokens=True,
-                                       sequence_length=self.encoder_sequence_length,
-                                       truncate=self.truncate)
+        length = self.encoder_sequence_length if self.truncate else None
+        rows = self.tokenizer.tokenize(text_list(texts, name), add_special_tokens=True,
+                                       sequence_length=length, truncate=self.truncate)
+        check_lengths(rows, self.encoder_sequence_length, "encoder_sequence_length")
+        return rows
 
     def __call__(self, x, y=None, sample_weight=None):
         """`(x, y, sample_weight)` for `fit` from `x = {"encoder_text", "decoder_text"}`;

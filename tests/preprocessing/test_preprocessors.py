@@ -100,6 +100,8 @@ def test_seq2seq_sources_targets_and_prompts(tokenizer):
     assert preprocessor.generate_postprocess([[PAD] + target + [EOS, 7]]) == [TEXTS[1]]
     with pytest.raises(ValueError, match="encoder_text"):
         preprocessor(TEXTS)
+    with pytest.raises(ValueError, match="encoder_sequence_length=24"):
+        preprocessor({"encoder_text": [" ".join(TEXTS)], "decoder_text": TEXTS[:1]})
     with pytest.raises(ValueError, match="decoder_sequence_length=24"):
         preprocessor({"encoder_text": TEXTS, "decoder_text": [" ".join(TEXTS)]})
 
@@ -116,7 +118,7 @@ def test_classifier_inputs_and_labels(tokenizer):
 
 @pytest.mark.parametrize("make", [
     lambda t: CausalLMPreprocessor(t, sequence_length=16, add_end_token=False, truncate=True),
-    lambda t: Seq2SeqLMPreprocessor(t, 8, 12, decoder_start_token_id=2),
+    lambda t: Seq2SeqLMPreprocessor(t, 8, 12, decoder_start_token_id=2, truncate=True),
     lambda t: TextClassifierPreprocessor(t, sequence_length=10, truncate=True),
 ], ids=["causal_lm", "seq2seq_lm", "text_classifier"])
 def test_serialization_round_trip(tokenizer, make):
