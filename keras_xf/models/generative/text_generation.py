@@ -1,0 +1,38 @@
+"""The text layer of `generate`: strings in, strings out, around the ids path.
+
+Kept apart from `GenerativeTask.generate`, which stays a function of ids: a task with a
+preprocessor turns text prompts into id lists (`generate_preprocess`), runs the same
+`generate` on them, and turns the generated ids into text (`generate_postprocess`).
+"""
+
+import functools
+import inspect
+
+from keras_xf.preprocessing import is_text
+
+
+def generates_text(generate):
+    """Wraps a task's `generate` so that, when the task has a preprocessor, a string
+    prompt gives a string and a list of prompts a list of strings.
+
+    `max_length` defaults to the preprocessor's output length (`sequence_length`, or a
+    seq2seq preprocessor's `decoder_sequence_length`) rather than the model's; every other
+    argument reaches `generate` as given. Each text is cut at its first end token past its
+    prompt and loses its padding and special tokens. Ids pass straight through.
+    """
+    signature = inspect.signature(generate)
+
+    @functools.wraps(generate)
+    def wrapper(self, inputs, *args, **kwargs):
+        preprocessor = self.preprocessor
+        if preprocessor is None or not is_text(inputs):
+            return generate(self, inputs, *args, **kwargs)
+        prompts = preprocessor.generate_preprocess(inputs)
+        arguments = signature.bind(self, prompts, *args, **kwargs).arguments
+        if arguments.get("max_length") is None:
+            arguments["max_length"] = preprocessor.generation_length
+        outputs = generate(**arguments)
+        texts = preprocessor.generate_postprocess(outputs, prompts)
+        return texts[0] if isinstance(inputs, (str, bytes)) else texts
+
+    return wrapper
