@@ -116,6 +116,11 @@ class HuggingFaceTokenizer:
         return self._special_id("eos_token")
 
     @property
+    def unk_token_id(self):
+        """The id of `unk_token`, or `None`."""
+        return self._special_id("unk_token")
+
+    @property
     def pad_token_id(self):
         """The id of `pad_token`, else of `eos_token`, else 0: what packing pads with (the
         padding mask, not the id, tells the model where the text ends)."""

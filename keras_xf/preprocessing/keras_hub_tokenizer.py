@@ -128,7 +128,7 @@ class KerasHubTokenizer:
 
     @property
     def special_token_ids(self):
-        """The sorted start, end and pad ids and those keras-hub declares special."""
+        """The sorted start and end ids and those keras-hub declares special."""
         ids = {int(i) for i in self.tokenizer.special_token_ids}
         ids |= {self.start_token_id, self.end_token_id}
         return sorted(i for i in ids if i is not None)

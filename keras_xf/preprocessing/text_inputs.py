@@ -91,7 +91,9 @@ def unpadded_rows(ids):
     if isinstance(ids, np.ndarray):
         ids = ids.tolist()
     ids = list(ids)
-    if ids and not isinstance(ids[0], (list, tuple, np.ndarray)):
+    if not ids:
+        return [[]]
+    if not isinstance(ids[0], (list, tuple, np.ndarray)):
         return [[int(i) for i in ids]]
     return [[int(i) for i in np.asarray(row).reshape(-1)] for row in ids]
 

@@ -62,6 +62,9 @@ def test_special_tokens_fall_back_to_the_map_and_the_model_config(tmp_path):
     tokenizer = HuggingFaceTokenizer(tmp_path)
     assert tokenizer.special_tokens == {"eos_token": "</s>", "bos_token": "<s>",
                                         "pad_token": "<pad>"}
+    assert tokenizer.unk_token_id is None
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"unk_token": "<pad>"}))
+    assert HuggingFaceTokenizer(tmp_path).unk_token_id == 2
     assert tokenizer.chat_template is None
 
 
@@ -93,6 +96,7 @@ def test_detokenize_round_trip_in_every_form(tokenizer):
     assert tokenizer.detokenize(np.array(ids[0])) == TEXTS[0]
     assert tokenizer.detokenize(tokenizer.pack(TEXTS, 32)) == TEXTS
     assert tokenizer.detokenize(ids[0], skip_special_tokens=False).startswith("<s>")
+    assert tokenizer.detokenize([]) == ""
 
 
 def test_config_round_trip_needs_no_folder(tokenizer):

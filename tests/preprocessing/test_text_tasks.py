@@ -77,6 +77,8 @@ def test_ids_work_exactly_as_without_a_preprocessor(lm):
                             lm.generate(prompts, max_length=10))
     with pytest.raises(ValueError, match="type"):
         plain.predict(["To be"], verbose=0)
+    with pytest.raises(ValueError, match="Received: text prompts and preprocessor=None"):
+        plain.generate("To be")
 
 
 def test_wrong_preprocessors_are_refused(tokenizer, lm):

@@ -25,8 +25,14 @@ def generates_text(generate):
     @functools.wraps(generate)
     def wrapper(self, inputs, *args, **kwargs):
         preprocessor = self.preprocessor
-        if preprocessor is None or not is_text(inputs):
+        if not is_text(inputs):
             return generate(self, inputs, *args, **kwargs)
+        if preprocessor is None:
+            raise ValueError(
+                f"{type(self).__name__}.generate takes text only with a preprocessor "
+                "(preprocessor=, or a folder with tokenizer.json): pass token ids, or give the "
+                "model one. Received: text prompts and preprocessor=None"
+            )
         prompts = preprocessor.generate_preprocess(inputs)
         arguments = signature.bind(self, prompts, *args, **kwargs).arguments
         if arguments.get("max_length") is None:
