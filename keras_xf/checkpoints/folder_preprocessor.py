@@ -26,6 +26,9 @@ def folder_preprocessor(model, directory):
     if issubclass(kind, Seq2SeqLMPreprocessor):
         return kind(tokenizer, encoder_sequence_length=length, decoder_sequence_length=length,
                     decoder_start_token_id=model.start_token_id)
-    if issubclass(kind, (CausalLMPreprocessor, TextClassifierPreprocessor)):
+    if issubclass(kind, TextClassifierPreprocessor):
+        return kind(tokenizer, sequence_length=length,
+                    segment_ids=model.backbone.uses_segment_ids)
+    if issubclass(kind, CausalLMPreprocessor):
         return kind(tokenizer, sequence_length=length)
     return None

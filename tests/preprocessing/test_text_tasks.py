@@ -118,6 +118,15 @@ def test_encoder_embeds_strings(tokenizer):
     assert TextEncoder.from_config(encoder.get_config()).preprocessor.sequence_length == LENGTH
 
 
+def test_a_backbone_with_segments_gets_segment_ids(tokenizer):
+    preprocessor = TextClassifierPreprocessor(tokenizer, sequence_length=LENGTH,
+                                              segment_ids=True)
+    encoder = TextEncoder(preprocessor=preprocessor, num_segments=2, **SIZES)
+    ids = {**tokenizer.pack(TEXTS, LENGTH), "segment_ids": np.zeros((2, LENGTH), "int32")}
+    np.testing.assert_allclose(encoder.predict(TEXTS, verbose=0),
+                               encoder.predict(ids, verbose=0), atol=1e-6)
+
+
 def test_seq2seq_trains_on_pairs_and_generates_text(tokenizer):
     preprocessor = Seq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=LENGTH,
                                          decoder_sequence_length=LENGTH, decoder_start_token_id=0)
@@ -132,3 +141,36 @@ def test_seq2seq_trains_on_pairs_and_generates_text(tokenizer):
     assert texts[0] == text and len(texts) == 2
     ids = model.generate(tokenizer(TEXTS[:1]), max_length=LENGTH)
     assert preprocessor.generate_postprocess(ids) == [text]
+
+
+class Recorder:
+    """A stand-in task whose `generate` records its arguments and echoes the prompts."""
+
+    def __init__(self, preprocessor):
+        self.preprocessor = preprocessor
+        self.calls = []
+
+    def generate(self, inputs, max_length=None, stop_token_ids=None):
+        self.calls.append({"max_length": max_length, "stop_token_ids": stop_token_ids})
+        return inputs
+
+
+def test_text_stops_at_the_end_token_unless_told_otherwise(tokenizer):
+    from keras_xf.models.generative.text_generation import generates_text
+
+    recorder = Recorder(CausalLMPreprocessor(tokenizer, sequence_length=LENGTH))
+    generate = generates_text(Recorder.generate)
+    assert generate(recorder, "To be") == "To be"
+    generate(recorder, ["To be"], 12, stop_token_ids=None)
+    generate(recorder, ["To be"], stop_token_ids=(3,))
+    assert recorder.calls == [{"max_length": LENGTH, "stop_token_ids": (1,)},
+                              {"max_length": 12, "stop_token_ids": None},
+                              {"max_length": LENGTH, "stop_token_ids": (3,)}]
+
+    def generate_with_its_own_default(self, inputs, max_length=None, stop_token_ids="auto"):
+        self.calls.append({"stop_token_ids": stop_token_ids})
+        return inputs
+
+    generates_text(generate_with_its_own_default)(recorder, "To be")
+    assert recorder.calls[-1] == {"stop_token_ids": "auto"}
+    assert generate(recorder, [[5, 6]]) == [[5, 6]]  # ids pass straight through

@@ -16,11 +16,15 @@ def generates_text(generate):
     prompt gives a string and a list of prompts a list of strings.
 
     `max_length` defaults to the preprocessor's output length (`sequence_length`, or a
-    seq2seq preprocessor's `decoder_sequence_length`) rather than the model's; every other
-    argument reaches `generate` as given. Each text is cut at its first end token past its
+    seq2seq preprocessor's `decoder_sequence_length`) rather than the model's. While
+    `generate`'s own default for `stop_token_ids` is `None`, text stops at the tokenizer's end
+    token unless the call names its stop ids (keras-hub's behaviour); a `generate` with
+    another default keeps it. Every other argument reaches `generate` as given. Each text is cut at its first end token past its
     prompt and loses its padding and special tokens. Ids pass straight through.
     """
     signature = inspect.signature(generate)
+    stop_parameter = signature.parameters.get("stop_token_ids")
+    stops_by_default = stop_parameter.default if stop_parameter is not None else ()
 
     @functools.wraps(generate)
     def wrapper(self, inputs, *args, **kwargs):
@@ -37,6 +41,9 @@ def generates_text(generate):
         arguments = signature.bind(self, prompts, *args, **kwargs).arguments
         if arguments.get("max_length") is None:
             arguments["max_length"] = preprocessor.generation_length
+        end = preprocessor.tokenizer.end_token_id
+        if "stop_token_ids" not in arguments and stops_by_default is None and end is not None:
+            arguments["stop_token_ids"] = (end,)
         outputs = generate(**arguments)
         texts = preprocessor.generate_postprocess(outputs, prompts)
         return texts[0] if isinstance(inputs, (str, bytes)) else texts
