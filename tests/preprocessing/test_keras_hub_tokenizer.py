@@ -109,3 +109,18 @@ def test_docstring_example_runs():
     for call in folders.docstring_calls(KerasHubTokenizer):
         exec(call, namespace)
     assert namespace["tokenizer"].detokenize([[97, 98, 99]]) == ["abc"]
+
+
+def test_causal_lm_preprocessing_equals_keras_hub(byte_pair):
+    ours = CausalLMPreprocessor(byte_pair, sequence_length=32)
+    theirs = keras_hub.models.GPT2CausalLMPreprocessor(byte_pair, sequence_length=32)
+    x, y, weights = ours(TEXTS)
+    expected_x, expected_y, expected_weights = theirs(TEXTS)
+    for key in ("token_ids", "padding_mask"):
+        np.testing.assert_array_equal(x[key], np.asarray(expected_x[key]).astype("int32"))
+    np.testing.assert_array_equal(y, np.asarray(expected_y))
+    np.testing.assert_array_equal(weights, np.asarray(expected_weights))
+    prompts = theirs.generate_preprocess(TEXTS)
+    mask = np.asarray(prompts["padding_mask"]).astype(bool)
+    assert ours.generate_preprocess(TEXTS) == [
+        row[m].tolist() for row, m in zip(np.asarray(prompts["token_ids"]), mask)]
