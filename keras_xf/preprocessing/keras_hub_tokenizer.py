@@ -141,8 +141,8 @@ class KerasHubTokenizer:
         if truncate and sequence_length is None:
             raise ValueError("truncate=True needs the length to cut to: sequence_length. "
                              "Received: sequence_length=None")
-        start = [self.start_token_id] if add_special_tokens and self.start_token_id is not None else []
-        end = [self.end_token_id] if add_special_tokens and self.end_token_id is not None else []
+        ends = (self.start_token_id, self.end_token_id) if add_special_tokens else (None, None)
+        start, end = ([] if i is None else [i] for i in ends)
         if sequence_length is not None:
             room = check_sequence_length(sequence_length) - len(start) - len(end)
             if truncate and room < 0:

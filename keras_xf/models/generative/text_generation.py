@@ -19,8 +19,9 @@ def generates_text(generate):
     seq2seq preprocessor's `decoder_sequence_length`) rather than the model's. While
     `generate`'s own default for `stop_token_ids` is `None`, text stops at the tokenizer's end
     token unless the call names its stop ids (keras-hub's behaviour); a `generate` with
-    another default keeps it. Every other argument reaches `generate` as given. Each text is cut at its first end token past its
-    prompt and loses its padding and special tokens. Ids pass straight through.
+    another default keeps it. Every other argument reaches `generate` as given. Each text is
+    cut at its first end token past its prompt and loses its padding and special tokens. Ids
+    pass straight through; text without a preprocessor raises a `ValueError`.
     """
     signature = inspect.signature(generate)
     stop_parameter = signature.parameters.get("stop_token_ids")
