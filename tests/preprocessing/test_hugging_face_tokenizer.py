@@ -134,3 +134,25 @@ def test_docstring_example_runs(folder):
         exec(call, namespace)
     assert namespace["batch"]["token_ids"].shape == (1, 16)
     assert namespace["prompt"].endswith("<|im_start|>assistant\n\n")
+
+
+def test_a_word_piece_folder_keeps_cls_and_sep_when_truncated(tmp_path):
+    import tokenizers
+
+    bert = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token="[UNK]"))
+    bert.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
+    bert.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    bert.decoder = tokenizers.decoders.WordPiece()
+    bert.train_from_iterator(folders.SHAKESPEARE * 4, tokenizers.trainers.WordPieceTrainer(
+        vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    bert.post_processor = tokenizers.processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
+    bert.enable_padding(length=128)  # what sentence-transformers folders save
+    bert.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = HuggingFaceTokenizer(tmp_path)
+    reference = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert tokenizer(TEXTS) == reference(TEXTS)["input_ids"]
+    cut = tokenizer.tokenize(TEXTS, sequence_length=6, truncate=True)
+    assert cut == reference(TEXTS, truncation=True, max_length=6)["input_ids"]
+    assert [tokenizer.id_to_token(i) for i in (cut[0][0], cut[0][-1])] == ["[CLS]", "[SEP]"]
+    assert tokenizer.detokenize(cut) == reference.batch_decode(cut, skip_special_tokens=True)
