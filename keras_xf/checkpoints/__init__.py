@@ -3,4 +3,4 @@
 from keras_xf.checkpoints.convert import from_huggingface
 from keras_xf.checkpoints.convert import to_huggingface
 from keras_xf.checkpoints.keras_hub_backbones import from_keras_hub
-from keras_xf.checkpoints.tokenizer import HuggingFaceTokenizer
+from keras_xf.preprocessing import HuggingFaceTokenizer

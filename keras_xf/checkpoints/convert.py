@@ -14,6 +14,7 @@ from keras_xf.checkpoints import t5
 from keras_xf.checkpoints import vit
 from keras_xf.checkpoints.deferred_variables import built_without_values
 from keras_xf.checkpoints.deferred_variables import initialize_unfilled
+from keras_xf.checkpoints.folder_preprocessor import folder_preprocessor
 from keras_xf.checkpoints.safetensors_folder import SafetensorsFolder
 
 # Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
@@ -64,6 +65,9 @@ def from_huggingface(directory, dtype=None):
         saved without pooler: `last_hidden_state`) or a `TextEncoder` (BERT, RoBERTa,
         XLM-RoBERTa: its output is the pooler's, or the `[CLS]` state for a folder saved
         without pooler; its backbone's the last hidden state).
+        When the folder has a `tokenizer.json`, a text task carries a preprocessor built
+        from it (`keras_xf.preprocessing`: the folder's tokenizer, special tokens and chat
+        template), so `generate`, `fit` and `predict` take text; without one, ids.
 
     Raises:
         ValueError: a folder of another architecture, or a tensor that is missing, left
@@ -71,9 +75,13 @@ def from_huggingface(directory, dtype=None):
 
     Example:
     >>> model = from_huggingface("path/to/llama")  # doctest: +SKIP
-    >>> model.generate(["..."], max_length=32)  # doctest: +SKIP
+    >>> model.generate(["To be, or"], max_length=32)  # doctest: +SKIP
     """
-    return load_checkpoint(SafetensorsFolder(directory), dtype=dtype)
+    model = load_checkpoint(SafetensorsFolder(directory), dtype=dtype)
+    preprocessor = folder_preprocessor(model, os.fspath(directory))
+    if preprocessor is not None:
+        model.preprocessor = preprocessor
+    return model
 
 
 def load_checkpoint(folder, dtype=None):

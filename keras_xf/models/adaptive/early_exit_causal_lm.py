@@ -92,8 +92,8 @@ class EarlyExitCausalLM(CausalLM):
     _active_exit_scope = None
 
     def __init__(self, backbone=None, exit_layers=None, exit_heads="shared",
-                 exit_loss_weights=None, pad_token_id=0, name=None, dtype=None, trainable=True,
-                 **backbone_kwargs):
+                 exit_loss_weights=None, pad_token_id=0, preprocessor=None, name=None,
+                 dtype=None, trainable=True, **backbone_kwargs):
         backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs,
                                  causal=True)
         check_adaptive_backbone(backbone, causal=True)
@@ -107,8 +107,8 @@ class EarlyExitCausalLM(CausalLM):
             self.heads = EarlyExitHeads(len(exit_layers) - 1,
                                         backbone.embeddings.vocabulary_size,
                                         dtype=backbone.dtype_policy, name="exit_heads")
-        super().__init__(backbone=backbone, pad_token_id=pad_token_id, name=name, dtype=dtype,
-                         trainable=trainable)
+        super().__init__(backbone=backbone, pad_token_id=pad_token_id,
+                         preprocessor=preprocessor, name=name, dtype=dtype, trainable=trainable)
 
     def _functional_outputs(self, inputs):
         mask = ops.cast(inputs["padding_mask"], "bool")

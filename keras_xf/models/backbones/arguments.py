@@ -43,7 +43,7 @@ FLAGS = ("causal", "tie_embeddings", "embedding_scale", "share_embeddings", "cla
 BLOCK_ARGUMENTS = ("num_heads", "intermediate_dim", "num_key_value_heads", "activation",
                    "norm_placement", "normalization", "dropout")
 # Base-model arguments: `FunctionalModel.get_config` records them itself.
-BASE_ARGUMENTS = ("name", "dtype", "trainable")
+BASE_ARGUMENTS = ("name", "dtype", "trainable", "preprocessor")
 LAYOUTS = {"images": "[batch, height, width, channels]"}
 TOKEN_LAYOUT = "[batch, length]"
 

@@ -6,6 +6,9 @@ from keras_xf.export import ExportEndpoints
 from keras_xf.export import export_model
 from keras_xf.export import input_specs
 from keras_xf.models.backbones.arguments import check_model_inputs
+from keras_xf.models.backbones.task_preprocessing import preprocessed
+from keras_xf.models.backbones.task_preprocessing import preprocessed_validation
+from keras_xf.models.backbones.task_preprocessing import task_preprocessor
 from keras_xf.models.backbones.torch_module import register_module_parameters
 from keras_xf.models.backbones.torch_module import sets_attributes_before_module_init
 from keras_xf.ops.keras_internals import sublayers
@@ -29,6 +32,10 @@ class FunctionalModel(keras.Model):
     # The sub-model a task is built on (a `TransformerBackbone`, `Seq2SeqBackbone`, ...), or
     # `None` for a backbone itself. Tasks set it.
     backbone = None
+    # The `keras_xf.preprocessing.Preprocessor` subclass a task takes as `preprocessor=`, or
+    # `None`: the model takes ids only. Tasks set it.
+    preprocessor_class = None
+    _preprocessor = None
 
     def __init__(self, *args, dtype=None, **kwargs):
         check_known_arguments(type(self), kwargs)
@@ -47,12 +54,45 @@ class FunctionalModel(keras.Model):
         super().__setattr__(name, value)
 
     def get_config(self):
-        return {
+        config = {
             "name": self.name,
             "trainable": self.trainable,
             "dtype": keras.dtype_policies.serialize(quantized_policy_map(self)),
             **getattr(self, "_hyperparameters", {}),
         }
+        if self.preprocessor is not None:
+            config["preprocessor"] = keras.saving.serialize_keras_object(self.preprocessor)
+        return config
+
+    # Text in -------------------------------------------------------------------------------
+    @property
+    def preprocessor(self):
+        """The task's preprocessor (strings in: `fit`, `evaluate`, `predict` and
+        `generate` take text), or `None`: the model takes ids only. Settable, checked
+        against `preprocessor_class`; saved in the model's config."""
+        return self._preprocessor
+
+    @preprocessor.setter
+    def preprocessor(self, preprocessor):
+        self._preprocessor = task_preprocessor(type(self), preprocessor)
+
+    def fit(self, x=None, y=None, *args, sample_weight=None, validation_data=None, **kwargs):
+        """Keras `fit`; with a preprocessor, `x` may be text (and `validation_data` a
+        tuple of text and labels), preprocessed on the host first."""
+        x, y, sample_weight = preprocessed(self.preprocessor, x, y, sample_weight)
+        validation_data = preprocessed_validation(self.preprocessor, validation_data)
+        return super().fit(x, y, *args, sample_weight=sample_weight,
+                           validation_data=validation_data, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, sample_weight=None, **kwargs):
+        """Keras `evaluate`; with a preprocessor, `x` may be text."""
+        x, y, sample_weight = preprocessed(self.preprocessor, x, y, sample_weight)
+        return super().evaluate(x, y, *args, sample_weight=sample_weight, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        """Keras `predict`; with a preprocessor, `x` may be text."""
+        x, _, _ = preprocessed(self.preprocessor, x)
+        return super().predict(x, *args, **kwargs)
 
     @classmethod
     def from_config(cls, config):

@@ -13,6 +13,7 @@ from keras_xf.models.backbones.functional_model import FunctionalModel
 from keras_xf.models.backbones.presets import preset_config
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
 from keras_xf.models.backbones.transformer_backbone import pooled_states
+from keras_xf.preprocessing import TextClassifierPreprocessor
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -29,6 +30,9 @@ class TextClassifier(FunctionalModel):
             pooler).
         head_dropout: dropout before the output layer.
         activation: optional output activation; float32 logits by default.
+        preprocessor: optional `keras_xf.preprocessing.TextClassifierPreprocessor`; with it
+            `fit`, `evaluate` and `predict` also take texts (and integer labels). `None`
+            (default): ids.
         **kwargs: backbone arguments, or `name` / `dtype`.
 
     Inputs: `{"token_ids", "padding_mask"}` (and `"segment_ids"` when the backbone takes
@@ -39,9 +43,11 @@ class TextClassifier(FunctionalModel):
     ...                      num_heads=2, intermediate_dim=32)
     """
 
+    preprocessor_class = TextClassifierPreprocessor
+
     def __init__(self, num_classes, backbone=None, pooling="mean", head_intermediate_dim=None,
-                 head_dropout=0.0, activation=None, name=None, dtype=None, trainable=True,
-                 **backbone_kwargs):
+                 head_dropout=0.0, activation=None, preprocessor=None, name=None, dtype=None,
+                 trainable=True, **backbone_kwargs):
         check_model_arguments(locals())
         backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs)
 
@@ -66,6 +72,7 @@ class TextClassifier(FunctionalModel):
 
         # Config
         record_config(self, locals(), attributes={"backbone": None, "pooling": "pooling_mode"})
+        self.preprocessor = preprocessor
 
     @classmethod
     def from_preset(cls, preset, num_classes, **overrides):

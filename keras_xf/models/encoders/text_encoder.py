@@ -10,8 +10,10 @@ from keras_xf.models.backbones.arguments import task_backbone
 from keras_xf.models.backbones.arguments import token_inputs
 from keras_xf.models.backbones.functional_model import FunctionalModel
 from keras_xf.models.backbones.presets import preset_config
+from keras_xf.models.backbones.task_preprocessing import preprocessed
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
 from keras_xf.models.backbones.transformer_backbone import pooled_states
+from keras_xf.preprocessing import TextClassifierPreprocessor
 from keras_xf.ops.checks import get_activation
 
 
@@ -31,6 +33,9 @@ class TextEncoder(FunctionalModel):
         projection_dim: optional int, a projection `W_p · p + b_p` after pooling.
         projection_activation: optional activation of that projection (linear by default).
         normalize: bool, L2-normalise the embedding (cosine similarity = dot product).
+        preprocessor: optional `keras_xf.preprocessing.TextClassifierPreprocessor`; with it
+            `predict`, `fit`, `evaluate` and `similarity` also take texts. `None` (default):
+            ids.
         **kwargs: backbone arguments, or `name` / `dtype`.
 
     Inputs: `{"token_ids", "padding_mask"}`, and `"segment_ids"` when the backbone takes
@@ -42,9 +47,11 @@ class TextEncoder(FunctionalModel):
     >>> encoder.similarity(batch_a, batch_b)  # cosine similarities [B]
     """
 
+    preprocessor_class = TextClassifierPreprocessor
+
     def __init__(self, backbone=None, pooling="mean", projection_dim=None, normalize=True,
-                 projection_activation=None, name=None, dtype=None, trainable=True,
-                 **backbone_kwargs):
+                 projection_activation=None, preprocessor=None, name=None, dtype=None,
+                 trainable=True, **backbone_kwargs):
         check_model_arguments(locals())
         if projection_activation is not None:
             projection_activation = keras.activations.serialize(
@@ -82,6 +89,7 @@ class TextEncoder(FunctionalModel):
 
         # Config
         record_config(self, locals(), attributes={"backbone": None, "pooling": "pooling_mode"})
+        self.preprocessor = preprocessor
 
     @classmethod
     def from_preset(cls, preset, **overrides):
@@ -89,7 +97,10 @@ class TextEncoder(FunctionalModel):
         return cls(**preset_config(preset, "text_encoder", **overrides))
 
     def similarity(self, inputs_a, inputs_b):
-        """Cosine similarity of the embeddings of two batches, `[B]` (numpy)."""
+        """Cosine similarity of the embeddings of two batches (ids, or texts with a
+        preprocessor), `[B]` (numpy)."""
+        inputs_a, _, _ = preprocessed(self.preprocessor, inputs_a)
+        inputs_b, _, _ = preprocessed(self.preprocessor, inputs_b)
         a = ops.convert_to_numpy(self.predict_on_batch(inputs_a))
         b = ops.convert_to_numpy(self.predict_on_batch(inputs_b))
         return cosine_similarity(a, b)

@@ -8,6 +8,7 @@ from keras_xf.models.backbones.arguments import task_backbone
 from keras_xf.models.generative.generative_task import GenerativeTask
 from keras_xf.models.backbones.presets import preset_config
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
+from keras_xf.preprocessing import CausalLMPreprocessor
 from keras_xf.training.chunked_loss_model import ChunkedLossModel
 
 
@@ -25,6 +26,9 @@ class CausalLM(ChunkedLossModel, GenerativeTask):
             arguments (`vocabulary_size`, `num_layers`, `hidden_dim`, `num_heads`,
             `intermediate_dim`, `max_sequence_length`, `block`, `position`, …).
         pad_token_id: int, the padding id used when packing prompts.
+        preprocessor: optional `keras_xf.preprocessing.CausalLMPreprocessor`; with it
+            `generate`, `fit`, `evaluate` and `predict` also take text (`generate("text")`
+            returns a string, a list of prompts a list of strings). `None` (default): ids.
         **kwargs: backbone arguments, or `name` / `dtype`.
 
     Inputs: `{"token_ids": [B, T], "padding_mask": [B, T]}`. Outputs: float32 `[B, T, V]`.
@@ -38,8 +42,10 @@ class CausalLM(ChunkedLossModel, GenerativeTask):
     >>> lm.generate([[5, 6, 7]], max_length=12)
     """
 
-    def __init__(self, backbone=None, pad_token_id=0, name=None, dtype=None, trainable=True,
-                 **backbone_kwargs):
+    preprocessor_class = CausalLMPreprocessor
+
+    def __init__(self, backbone=None, pad_token_id=0, preprocessor=None, name=None, dtype=None,
+                 trainable=True, **backbone_kwargs):
         backbone = task_backbone(backbone, TransformerBackbone, dtype, backbone_kwargs,
                                  causal=True)
         if not backbone.causal:
@@ -64,6 +70,7 @@ class CausalLM(ChunkedLossModel, GenerativeTask):
         outputs = self._functional_outputs(inputs)
         super().__init__(inputs=inputs, outputs=outputs, pad_token_id=pad_token_id, name=name,
                          dtype=dtype, trainable=trainable)
+        self.preprocessor = preprocessor
 
     def _functional_outputs(self, inputs):
         """The outputs of the functional graph on its `keras.Input`s: the logits `[B, T, V]`

@@ -26,6 +26,7 @@ from keras_xf.models.backbones.functional_model import FunctionalModel
 from keras_xf.models.generative.generation_arguments import build_stop_classifier
 from keras_xf.models.generative.generation_arguments import check_stop_margin
 from keras_xf.models.generative.generation_arguments import check_stop_token_ids
+from keras_xf.models.generative.text_generation import generates_text
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
 from keras_xf.training.chunked_loss_model import chunked_loss_metrics
@@ -128,6 +129,7 @@ class GenerativeTask(FunctionalModel):
         return self._sampler
 
     # Generation -----------------------------------------------------------------------
+    @generates_text
     def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
                  use_cache=True, stop_classifier=None, stop_margin=0.0):
         """Generates continuations of prompts with a cache, in one compiled loop.

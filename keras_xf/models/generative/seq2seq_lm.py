@@ -10,6 +10,7 @@ from keras_xf.models.generative.generative_task import GenerativeTask
 from keras_xf.models.backbones.presets import preset_config
 from keras_xf.models.backbones.seq2seq_backbone import Seq2SeqBackbone
 from keras_xf.ops.checks import check_positive_number
+from keras_xf.preprocessing import Seq2SeqLMPreprocessor
 
 ENCODER_KEYS = ("encoder_token_ids", "encoder_padding_mask")
 
@@ -25,6 +26,9 @@ class Seq2SeqLM(GenerativeTask):
         logit_scale: positive float `c`, logits `Softmax(c · s_i W_o)`: the decoder states
             are multiplied by `c` before the output projection (T5 with tied embeddings uses
             `c = d^-0.5`); 1.0 leaves them as they are.
+        preprocessor: optional `keras_xf.preprocessing.Seq2SeqLMPreprocessor`; with it
+            `generate` takes source texts and returns texts, and `fit` takes
+            `{"encoder_text", "decoder_text"}`. `None` (default): ids.
         **kwargs: backbone arguments, or `name` / `dtype`.
 
     Inputs: `encoder_token_ids`, `encoder_padding_mask`, `decoder_token_ids`,
@@ -44,8 +48,10 @@ class Seq2SeqLM(GenerativeTask):
     >>> model.generate({"encoder_token_ids": [[3, 4, 5]]}, max_length=6, sampler="beam")
     """
 
+    preprocessor_class = Seq2SeqLMPreprocessor
+
     def __init__(self, backbone=None, pad_token_id=0, start_token_id=1, logit_scale=1.0,
-                 name=None, dtype=None, trainable=True, **backbone_kwargs):
+                 preprocessor=None, name=None, dtype=None, trainable=True, **backbone_kwargs):
         check_positive_number("logit_scale", logit_scale)
         self.logit_scale = float(logit_scale)
         backbone = task_backbone(backbone, Seq2SeqBackbone, dtype, backbone_kwargs)
@@ -69,6 +75,7 @@ class Seq2SeqLM(GenerativeTask):
 
         # Config
         self.start_token_id = start_token_id
+        self.preprocessor = preprocessor
 
     @classmethod
     def from_preset(cls, preset, **overrides):

@@ -1,0 +1,34 @@
+"""The preprocessor a task loaded from a folder carries: built from the folder's tokenizer
+(`tokenizer.json`, its special tokens and chat template)."""
+
+import os
+
+from keras_xf.preprocessing import CausalLMPreprocessor
+from keras_xf.preprocessing import HuggingFaceTokenizer
+from keras_xf.preprocessing import Seq2SeqLMPreprocessor
+from keras_xf.preprocessing import TextClassifierPreprocessor
+
+# The packed length when the model's positions do not bound it (rotary, relative, none):
+# keras-hub's default.
+DEFAULT_SEQUENCE_LENGTH = 1024
+
+
+def folder_preprocessor(model, directory):
+    """The preprocessor of `model`'s kind (`model.preprocessor_class`) over the folder's
+    tokenizer, packing to the model's `max_sequence_length` (at most 1024); `None` when the
+    folder has no `tokenizer.json` or the model takes no preprocessor."""
+    kind = model.preprocessor_class
+    if kind is None or not os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        return None
+    tokenizer = HuggingFaceTokenizer(directory)
+    bound = model.backbone.max_sequence_length if model.backbone is not None else None
+    length = min(bound or DEFAULT_SEQUENCE_LENGTH, DEFAULT_SEQUENCE_LENGTH)
+    if issubclass(kind, Seq2SeqLMPreprocessor):
+        return kind(tokenizer, encoder_sequence_length=length, decoder_sequence_length=length,
+                    decoder_start_token_id=model.start_token_id)
+    if issubclass(kind, TextClassifierPreprocessor):
+        return kind(tokenizer, sequence_length=length,
+                    segment_ids=model.backbone.uses_segment_ids)
+    if issubclass(kind, CausalLMPreprocessor):
+        return kind(tokenizer, sequence_length=length)
+    return None
