@@ -1,9 +1,53 @@
-"""Checks of `GenerativeTask.generate`'s arguments: stop ids, the stop classifier and its
-margin. Each raises a `ValueError` naming the argument, what it expects and what it got."""
+"""Checks of `GenerativeTask.generate`'s arguments: stop ids, prompt ids, the output length,
+the repetition penalty, the stop classifier and its margin. Each raises a `ValueError` naming
+the argument, what it expects and what it got."""
 
 import numpy as np
 
+from keras_xf.generation.prompts import NewTokens
+from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.layers.heads.stop_classifier import StopClassifier
+from keras_xf.models.backbones.arguments import check_token_ids
+
+
+def output_length_request(max_length, max_new_tokens):
+    """What `pack_prompts` takes as `max_length`: `max_length` itself, or `NewTokens` for
+    `max_new_tokens`; both given raise."""
+    if max_new_tokens is None:
+        return max_length
+    if max_length is not None:
+        raise ValueError(
+            "Give max_length (the output length) or max_new_tokens (tokens after the longest "
+            f"prompt), not both. Received: max_length={max_length!r}, "
+            f"max_new_tokens={max_new_tokens!r}"
+        )
+    return NewTokens(max_new_tokens)
+
+
+def check_output_length(length, embeddings):
+    """An output of `length` positions must fit a learned position table (sinusoidal,
+    rotary and no positions are unbounded)."""
+    if not isinstance(embeddings, TokenAndPositionEmbedding) or embeddings.position != "learned":
+        return
+    longest = embeddings.max_sequence_length - embeddings.position_offset
+    if length > longest:
+        raise ValueError(
+            f"max_length must be at most {longest}: the model's learned position table has "
+            f"{embeddings.max_sequence_length} rows (position offset "
+            f"{embeddings.position_offset}). Received: an output length of {length} (max_length "
+            "or the longest prompt plus max_new_tokens)"
+        )
+
+
+def check_repetition_penalty(repetition_penalty):
+    """`None`, or a positive number as a float."""
+    if repetition_penalty is None:
+        return None
+    if isinstance(repetition_penalty, bool) or not isinstance(
+            repetition_penalty, (int, float, np.integer, np.floating)) or repetition_penalty <= 0:
+        raise ValueError("repetition_penalty must be a positive number (1: no penalty). "
+                         f"Received: repetition_penalty={repetition_penalty!r}")
+    return float(repetition_penalty)
 
 
 def check_stop_token_ids(stop_token_ids, vocabulary_size):
