@@ -228,6 +228,19 @@ def check_rule_sampler(sampler):
         )
 
 
+def check_stream_sampler(sampler):
+    """Streaming hands over each token as it is chosen, which beam and contrastive search
+    cannot (their choice is known after the last step): refused."""
+    import keras_hub  # `sampler` is resolved already: keras-hub is loaded
+
+    if isinstance(sampler, (keras_hub.samplers.BeamSampler, keras_hub.samplers.ContrastiveSampler)):
+        raise ValueError(
+            "stream works with samplers that choose each token when it is generated (greedy, "
+            "random, top_k, top_p), not with beam or contrastive search. Received: "
+            f"sampler={type(sampler).__name__}"
+        )
+
+
 def rows_with_stop_token(prompt, index, mask, stop_token_ids):
     """bool `[B]`: whether each row holds one of `stop_token_ids` (a tuple of ids or a 1-D
     int tensor, possibly empty) among the tokens it generated: positions before `index`

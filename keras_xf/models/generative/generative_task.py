@@ -18,6 +18,8 @@ from keras_xf.generation.prompts import pack_prompts
 from keras_xf.generation.prompts import pad_to_width
 from keras_xf.generation.sampling import SAMPLER_NAMES
 from keras_xf.generation.sampling import check_rule_sampler
+from keras_xf.generation.sampling import check_stream_sampler
+from keras_xf.generation.sampling import penalize_repetition
 from keras_xf.generation.sampling import get_sampler
 from keras_xf.generation.sampling import limit_length
 from keras_xf.generation.sampling import restart_seed
@@ -342,6 +344,114 @@ class GenerativeTask(FunctionalModel):
     def _bounded_generate_step(self, inputs, output_length, **settings):
         return self.generate_step(inputs, output_length=output_length, **settings)
 
+    def stream(self, inputs, max_length=None, stop_token_ids="auto", sampler=None, *,
+               max_new_tokens=None, temperature=None, top_k=None, top_p=None, seed=None,
+               repetition_penalty=None):
+        """Yields the tokens of `generate` as they are produced, one position at a time.
+
+        Takes `generate`'s arguments (cached decoding only, no stop classifier) and gives
+        the same tokens: the prompts are prefilled by one compiled pass, then one compiled
+        step per position (the task's cached decoding step and the sampler's choice,
+        `sampler.get_next_token(sampler.compute_probabilities(logits))`) runs and its token
+        is handed over before the next step starts. Both programs are compiled once per
+        prefill length and output bucket, as `generate`'s loop is.
+
+        Yields:
+            For each position from the shortest prompt's end to the output length, an int32
+            numpy array `[B]`: each row's token there. A row whose prompt is longer than the
+            shortest still gives its prompt token until its own prompt ends; a row that has
+            ended (a stop id) gives `pad_token_id` after its stop id. The stream ends once
+            every row has ended, or at the output length. The prompt followed by the yielded
+            tokens (and `pad_token_id` up to the output length) is `generate`'s array.
+
+        Raises:
+            ValueError: as `generate`, and for beam or contrastive search (whose choice is
+                known only after the last step).
+
+        Example:
+        >>> lm = CausalLM(vocabulary_size=50, num_layers=1, hidden_dim=16, num_heads=2,
+        ...               intermediate_dim=32, max_sequence_length=16)
+        >>> pieces = [tokens for tokens in lm.stream([[5, 6, 7]], max_new_tokens=4)]
+        >>> np.concatenate([[[5, 6, 7]], np.stack(pieces, axis=1)], axis=1).tolist() == (
+        ...     lm.generate([[5, 6, 7]], max_new_tokens=4))
+        True
+        """
+        sampler = sampler_from_arguments(sampler, temperature, top_k, top_p)
+        repetition_penalty = check_repetition_penalty(repetition_penalty)
+        stop_token_ids = self._check_stop_token_ids(stop_token_ids)
+        resolved = self._resolve_sampler(sampler)
+        check_stream_sampler(resolved)
+        prompts, extras, _ = self._generate_inputs(
+            inputs, output_length_request(max_length, max_new_tokens))
+        self._check_generate_inputs(prompts, extras)
+        if seed is not None:
+            restart_seed(resolved, seed)
+        return self._stream_tokens(prompts, extras, sampler, stop_token_ids, repetition_penalty)
+
+    def _stream_tokens(self, prompts, extras, sampler, stop_token_ids, repetition_penalty):
+        """The generator of `stream`, once its arguments are checked."""
+        ids_key, mask_key = self.prompt_keys
+        packed = self._bucketed_inputs(prompts, extras)
+        start = prompts.prefill_length
+        prefill = self._stream_function(("stream_prefill", start), functools.partial(
+            self._stream_prefill, prefill_length=start), None)
+        step = self._stream_function(
+            ("stream_step", self._default_sampler_key if sampler is None else sampler,
+             repetition_penalty),
+            functools.partial(self._stream_step, sampler=self._resolve_sampler(sampler),
+                              repetition_penalty=repetition_penalty),
+            self._resolve_sampler(sampler))
+        tensors = {key: ops.convert_to_tensor(value) for key, value in packed.items()}
+        self._generate_functions.count_program(prefill, packed.values())
+        self._generate_functions.count_program(step, packed.values())
+        cache = prefill(tensors)
+        token_ids, mask = tensors[ids_key], tensors[mask_key]
+        lengths = prompts.padding_mask.sum(axis=1)
+        stops = np.asarray(stop_token_ids or (), "int32")
+        ended = np.zeros(len(lengths), bool)
+        for index in range(start, prompts.token_ids.shape[1]):
+            token_ids, cache, tokens = step(token_ids, cache, ops.convert_to_tensor(
+                index, "int32"), mask)
+            if index < lengths.min():
+                continue  # every row is still in its prompt
+            tokens = np.asarray(ops.convert_to_numpy(tokens)).astype("int32")
+            yield np.where(ended, self.pad_token_id, tokens).astype("int32")
+            ended |= (index >= lengths) & np.isin(tokens, stops)
+            if ended.all():
+                return
+
+    def _stream_function(self, key, function, sampler):
+        """A compiled function of `stream`, made once per key and kept with `generate`'s."""
+        if key not in self._generate_functions:
+            sampler = sampler if sampler is not None else self.sampler
+            self._generate_functions[key] = compile_generate_function(self, function, sampler)
+        return self._generate_functions[key]
+
+    def _stream_prefill(self, inputs, prefill_length):
+        """The cache of `stream` before its first step: `c` encoded and the prompt tokens
+        before `prefill_length` written, as `generate_step` starts its loop."""
+        extras = {key: value for key, value in inputs.items() if key not in self.prompt_keys}
+        context = self._generation_context(**extras)
+        cache, _, _ = self._prefilled_cache(inputs[self.prompt_keys[0]], context,
+                                            prefill_length, None)
+        return cache
+
+    def _stream_step(self, token_ids, cache, index, mask, sampler, repetition_penalty):
+        """One position of keras-hub's sampling loop body: the cached step at `index`, the
+        sampler's token (prompt tokens kept) written into `token_ids`. Returns the new ids,
+        the cache and the tokens `[B]`."""
+        decode = self._decode_step if keras.config.backend() != "torch" else (
+            self._traced_decode_step)
+        logits, _, cache = decode(token_ids, cache, index)
+        if repetition_penalty is not None:
+            logits = penalize_repetition(logits, token_ids, index, repetition_penalty)
+        tokens = sampler.get_next_token(sampler.compute_probabilities(logits))
+        tokens = ops.cast(tokens, token_ids.dtype)
+        tokens = ops.where(ops.take(ops.cast(mask, "bool"), index, axis=1),
+                           ops.take(token_ids, index, axis=1), tokens)
+        token_ids = ops.slice_update(token_ids, (0, index), tokens[:, None])
+        return token_ids, cache, tokens
+
     def generate_step(self, inputs, stop_token_ids=None, sampler=None, use_cache=True,
                       prefill_length=None, stop_classifier=None, stop_margin=0.0,
                       output_length=None, repetition_penalty=None):
@@ -382,28 +492,8 @@ class GenerativeTask(FunctionalModel):
         context = self._generation_context(**extras)
         hidden = None
         if use_cache:
-            cache = self._init_generation_cache(batch_size, max_length, context)
-            if prefill_length is None and self._has_recurrent_cache():
-                prefill_length = 1
-            if prefill_length is None or not isinstance(prefill_length, (int, np.integer)):
-                # Positions past the loop's start are written again by the loop.
-                hidden, cache = self._prefill(token_ids, cache, context)
-                if prefill_length is not None:
-                    index = ops.cast(prefill_length, "int32")
-            else:
-                # The loop's first step feeds the token at `prefill_length - 1`, so the pass
-                # fills the positions before it: every token enters the cache once.
-                filled = prefill_length - 1
-                prefix = ops.slice(token_ids, (0, 0), (batch_size, filled)) if filled else None
-                hidden, cache = self._prefill(prefix, cache, context)
-                width = self._output_embeddings.embedding_dim
-                if hidden is None:
-                    hidden = ops.zeros((batch_size, max_length, width),
-                                       self._generation_stack.compute_dtype)
-                else:
-                    # Samplers that read hidden states expect one per output position.
-                    hidden = ops.pad(hidden, ((0, 0), (0, max_length - filled), (0, 0)))
-                index = prefill_length
+            cache, hidden, index = self._prefilled_cache(token_ids, context, prefill_length,
+                                                         index)
             # A sampler whose whole loop body is traced needs no trace of the step inside it.
             traced_body = traces_whole_loop_body(sampler)
             next_logits = self._decode_step if traced_body else self._traced_decode_step
@@ -445,6 +535,37 @@ class GenerativeTask(FunctionalModel):
             # rows went on to do.
             token_ids = ops.where(output_mask, token_ids, ops.cast(self.pad_token_id, token_ids.dtype))
         return {ids_key: token_ids, mask_key: output_mask}
+
+    def _prefilled_cache(self, token_ids, context, prefill_length, index):
+        """The loop's starting state `(cache, hidden, index)`: the empty cache filled by one
+        parallel pass over `c` and the prompt tokens before the loop's first position (see
+        `generate_step`'s `prefill_length`; `index` is the shortest prompt's length, the
+        start when `prefill_length` is `None`)."""
+        batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        hidden = None
+        cache = self._init_generation_cache(batch_size, max_length, context)
+        if prefill_length is None and self._has_recurrent_cache():
+            prefill_length = 1
+        if prefill_length is None or not isinstance(prefill_length, (int, np.integer)):
+            # Positions past the loop's start are written again by the loop.
+            hidden, cache = self._prefill(token_ids, cache, context)
+            if prefill_length is not None:
+                index = ops.cast(prefill_length, "int32")
+        else:
+            # The loop's first step feeds the token at `prefill_length - 1`, so the pass
+            # fills the positions before it: every token enters the cache once.
+            filled = prefill_length - 1
+            prefix = ops.slice(token_ids, (0, 0), (batch_size, filled)) if filled else None
+            hidden, cache = self._prefill(prefix, cache, context)
+            width = self._output_embeddings.embedding_dim
+            if hidden is None:
+                hidden = ops.zeros((batch_size, max_length, width),
+                                   self._generation_stack.compute_dtype)
+            else:
+                # Samplers that read hidden states expect one per output position.
+                hidden = ops.pad(hidden, ((0, 0), (0, max_length - filled), (0, 0)))
+            index = prefill_length
+        return cache, hidden, index
 
     def _decode_step(self, prompt, cache, index):
         """The cached step of the loop: feeds the token at `index - 1`; returns the logits
