@@ -5,6 +5,8 @@ the argument, what it expects and what it got."""
 import numpy as np
 
 from keras_xf.generation.prompts import NewTokens
+from keras_xf.generation.prompts import bucket_length
+from keras_xf.generation.prompts import pad_to_width
 from keras_xf.layers.embeddings.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_xf.layers.heads.stop_classifier import StopClassifier
 from keras_xf.models.backbones.arguments import check_token_ids
@@ -22,6 +24,30 @@ def output_length_request(max_length, max_new_tokens):
             f"max_new_tokens={max_new_tokens!r}"
         )
     return NewTokens(max_new_tokens)
+
+
+def check_generate_inputs(ids_key, prompts, extras, embeddings):
+    """Before anything compiles: every extra input has the prompts' batch size, prompt ids
+    (`ids_key`, a `PackedPrompts`) are in the vocabulary of `embeddings` (the output
+    embedding), and the output fits its learned position table."""
+    batch_size = prompts.token_ids.shape[0]
+    for name, value in extras.items():
+        if value.shape[0] != batch_size:
+            raise ValueError(
+                f"{name} and {ids_key} need the same batch size. Received: "
+                f"{name}.shape={value.shape} for {batch_size} prompts"
+            )
+    check_token_ids(ids_key, prompts.token_ids[prompts.padding_mask], embeddings.vocabulary_size)
+    check_output_length(prompts.token_ids.shape[1], embeddings)
+
+
+def bucketed_inputs(prompts, extras, keys, pad_token_id, max_sequence_length):
+    """The packed prompts widened to their output length's bucket (`bucket_length`, capped at
+    `max_sequence_length`; pad ids outside the prompt mask) under `keys`, and the extra
+    inputs as they are."""
+    width = bucket_length(prompts.token_ids.shape[1], max_sequence_length)
+    return {keys[0]: pad_to_width(prompts.token_ids, width, pad_token_id),
+            keys[1]: pad_to_width(prompts.padding_mask, width, False), **extras}
 
 
 def check_output_length(length, embeddings):

@@ -11,15 +11,10 @@ from keras_xf.export import GenerationSteps
 from keras_xf.generation.compile import CompiledFunctions
 from keras_xf.generation.compile import compile_generate_function
 from keras_xf.generation.generation_variables import GenerationVariables
-from keras_xf.generation.prompts import NewTokens
-from keras_xf.generation.prompts import bucket_length
 from keras_xf.generation.prompts import output_padding_mask
 from keras_xf.generation.prompts import pack_prompts
-from keras_xf.generation.prompts import pad_to_width
 from keras_xf.generation.sampling import SAMPLER_NAMES
 from keras_xf.generation.sampling import check_rule_sampler
-from keras_xf.generation.sampling import check_stream_sampler
-from keras_xf.generation.sampling import penalize_repetition
 from keras_xf.generation.sampling import get_sampler
 from keras_xf.generation.sampling import limit_length
 from keras_xf.generation.sampling import restart_seed
@@ -34,11 +29,12 @@ from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.models.backbones.functional_model import FunctionalModel
 from keras_xf.models.generative.generation_arguments import build_stop_classifier
 from keras_xf.models.generative.generation_arguments import check_stop_margin
-from keras_xf.models.generative.generation_arguments import check_output_length
+from keras_xf.models.generative.generation_arguments import bucketed_inputs
+from keras_xf.models.generative.generation_arguments import check_generate_inputs
 from keras_xf.models.generative.generation_arguments import check_repetition_penalty
-from keras_xf.models.generative.generation_arguments import check_stop_token_ids
-from keras_xf.models.generative.generation_arguments import check_token_ids
 from keras_xf.models.generative.generation_arguments import output_length_request
+from keras_xf.models.generative.generation_defaults import GenerationDefaults
+from keras_xf.models.generative.streaming import StreamingGeneration
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
 from keras_xf.training.chunked_loss_model import chunked_loss_metrics
@@ -46,7 +42,7 @@ from keras_xf.ops.keras_internals import sublayers
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class GenerativeTask(FunctionalModel):
+class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
     """A functional task that generates tokens `y_i ~ P(y_i | y_<i, c)` one at a time with a
     cache, in one compiled loop (keras-hub's `CausalLM` base is the model).
 
@@ -97,28 +93,6 @@ class GenerativeTask(FunctionalModel):
         self.pad_token_id = pad_token_id
         self._default_stop_token_ids = ()
         self._set_sampler("greedy")
-
-    @property
-    def stop_token_ids(self):
-        """The model's default stop ids, a tuple (empty: none): what `generate` and `stream`
-        use when `stop_token_ids` is left at `"auto"`. `from_huggingface` sets the
-        checkpoint's end ids here; it is saved with the model (`get_config`). Settable:
-        `model.stop_token_ids = [2]` (ids in `[0, vocabulary_size)`), `()` or `None` for
-        none."""
-        return self._default_stop_token_ids
-
-    @stop_token_ids.setter
-    def stop_token_ids(self, stop_token_ids):
-        self._default_stop_token_ids = check_stop_token_ids(
-            stop_token_ids, self._output_embeddings.vocabulary_size) or ()
-
-    @property
-    def generate_compile_count(self):
-        """How many generation programs this model has compiled since it was built or last
-        compiled: one per distinct setting (sampler, stop ids, cache flag, prefill length,
-        ...) and input shape, the shapes being output lengths rounded up to their bucket
-        (`bucket_length`). A chat of varied prompts reads it to see how often it compiled."""
-        return self._generate_functions.program_count
 
     def token_vocabulary_sizes(self):
         """`FunctionalModel.token_vocabulary_sizes`: the prompt ids (`prompt_keys[0]`) index
@@ -276,38 +250,11 @@ class GenerativeTask(FunctionalModel):
                       ops.convert_to_numpy(outputs[mask_key])[:, :length])
 
     def _check_generate_inputs(self, prompts, extras):
-        """Before anything compiles: every extra input has the prompts' batch size, prompt
-        ids are in the vocabulary, and the output fits a learned position table."""
-        batch_size = prompts.token_ids.shape[0]
-        for name, value in extras.items():
-            if value.shape[0] != batch_size:
-                raise ValueError(
-                    f"{name} and {self.prompt_keys[0]} need the same batch size. Received: "
-                    f"{name}.shape={value.shape} for {batch_size} prompts"
-                )
-        embeddings = self._output_embeddings
-        check_token_ids(self.prompt_keys[0], prompts.token_ids[prompts.padding_mask],
-                        embeddings.vocabulary_size)
-        check_output_length(prompts.token_ids.shape[1], embeddings)
+        check_generate_inputs(self.prompt_keys[0], prompts, extras, self._output_embeddings)
 
     def _bucketed_inputs(self, prompts, extras):
-        """The packed prompts widened to their output length's bucket (pad ids outside the
-        prompt mask), and the extra inputs as they are."""
-        width = bucket_length(prompts.token_ids.shape[1],
-                              self._output_embeddings.max_sequence_length)
-        ids_key, mask_key = self.prompt_keys
-        return {ids_key: pad_to_width(prompts.token_ids, width, self.pad_token_id),
-                mask_key: pad_to_width(prompts.padding_mask, width, False), **extras}
-
-    def _resolve_sampler(self, sampler):
-        """The keras-hub sampler of a sampler key: the compile default for `None`, else one
-        object per name, `SamplerSpec` or sampler, kept with the compiled functions."""
-        if sampler is None:
-            return self.sampler
-        samplers = self._generate_functions.samplers
-        if sampler not in samplers:
-            samplers[sampler] = get_sampler(sampler)
-        return samplers[sampler]
+        return bucketed_inputs(prompts, extras, self.prompt_keys, self.pad_token_id,
+                               self._output_embeddings.max_sequence_length)
 
     def make_generate_function(self, sampler=None, stop_token_ids=None, use_cache=True,
                                prefill_length=None, stop_classifier=None, stop_margin=0.0,
@@ -343,114 +290,6 @@ class GenerativeTask(FunctionalModel):
 
     def _bounded_generate_step(self, inputs, output_length, **settings):
         return self.generate_step(inputs, output_length=output_length, **settings)
-
-    def stream(self, inputs, max_length=None, stop_token_ids="auto", sampler=None, *,
-               max_new_tokens=None, temperature=None, top_k=None, top_p=None, seed=None,
-               repetition_penalty=None):
-        """Yields the tokens of `generate` as they are produced, one position at a time.
-
-        Takes `generate`'s arguments (cached decoding only, no stop classifier) and gives
-        the same tokens: the prompts are prefilled by one compiled pass, then one compiled
-        step per position (the task's cached decoding step and the sampler's choice,
-        `sampler.get_next_token(sampler.compute_probabilities(logits))`) runs and its token
-        is handed over before the next step starts. Both programs are compiled once per
-        prefill length and output bucket, as `generate`'s loop is.
-
-        Yields:
-            For each position from the shortest prompt's end to the output length, an int32
-            numpy array `[B]`: each row's token there. A row whose prompt is longer than the
-            shortest still gives its prompt token until its own prompt ends; a row that has
-            ended (a stop id) gives `pad_token_id` after its stop id. The stream ends once
-            every row has ended, or at the output length. The prompt followed by the yielded
-            tokens (and `pad_token_id` up to the output length) is `generate`'s array.
-
-        Raises:
-            ValueError: as `generate`, and for beam or contrastive search (whose choice is
-                known only after the last step).
-
-        Example:
-        >>> lm = CausalLM(vocabulary_size=50, num_layers=1, hidden_dim=16, num_heads=2,
-        ...               intermediate_dim=32, max_sequence_length=16)
-        >>> pieces = [tokens for tokens in lm.stream([[5, 6, 7]], max_new_tokens=4)]
-        >>> np.concatenate([[[5, 6, 7]], np.stack(pieces, axis=1)], axis=1).tolist() == (
-        ...     lm.generate([[5, 6, 7]], max_new_tokens=4))
-        True
-        """
-        sampler = sampler_from_arguments(sampler, temperature, top_k, top_p)
-        repetition_penalty = check_repetition_penalty(repetition_penalty)
-        stop_token_ids = self._check_stop_token_ids(stop_token_ids)
-        resolved = self._resolve_sampler(sampler)
-        check_stream_sampler(resolved)
-        prompts, extras, _ = self._generate_inputs(
-            inputs, output_length_request(max_length, max_new_tokens))
-        self._check_generate_inputs(prompts, extras)
-        if seed is not None:
-            restart_seed(resolved, seed)
-        return self._stream_tokens(prompts, extras, sampler, stop_token_ids, repetition_penalty)
-
-    def _stream_tokens(self, prompts, extras, sampler, stop_token_ids, repetition_penalty):
-        """The generator of `stream`, once its arguments are checked."""
-        ids_key, mask_key = self.prompt_keys
-        packed = self._bucketed_inputs(prompts, extras)
-        start = prompts.prefill_length
-        prefill = self._stream_function(("stream_prefill", start), functools.partial(
-            self._stream_prefill, prefill_length=start), None)
-        step = self._stream_function(
-            ("stream_step", self._default_sampler_key if sampler is None else sampler,
-             repetition_penalty),
-            functools.partial(self._stream_step, sampler=self._resolve_sampler(sampler),
-                              repetition_penalty=repetition_penalty),
-            self._resolve_sampler(sampler))
-        tensors = {key: ops.convert_to_tensor(value) for key, value in packed.items()}
-        self._generate_functions.count_program(prefill, packed.values())
-        self._generate_functions.count_program(step, packed.values())
-        cache = prefill(tensors)
-        token_ids, mask = tensors[ids_key], tensors[mask_key]
-        lengths = prompts.padding_mask.sum(axis=1)
-        stops = np.asarray(stop_token_ids or (), "int32")
-        ended = np.zeros(len(lengths), bool)
-        for index in range(start, prompts.token_ids.shape[1]):
-            token_ids, cache, tokens = step(token_ids, cache, ops.convert_to_tensor(
-                index, "int32"), mask)
-            if index < lengths.min():
-                continue  # every row is still in its prompt
-            tokens = np.asarray(ops.convert_to_numpy(tokens)).astype("int32")
-            yield np.where(ended, self.pad_token_id, tokens).astype("int32")
-            ended |= (index >= lengths) & np.isin(tokens, stops)
-            if ended.all():
-                return
-
-    def _stream_function(self, key, function, sampler):
-        """A compiled function of `stream`, made once per key and kept with `generate`'s."""
-        if key not in self._generate_functions:
-            sampler = sampler if sampler is not None else self.sampler
-            self._generate_functions[key] = compile_generate_function(self, function, sampler)
-        return self._generate_functions[key]
-
-    def _stream_prefill(self, inputs, prefill_length):
-        """The cache of `stream` before its first step: `c` encoded and the prompt tokens
-        before `prefill_length` written, as `generate_step` starts its loop."""
-        extras = {key: value for key, value in inputs.items() if key not in self.prompt_keys}
-        context = self._generation_context(**extras)
-        cache, _, _ = self._prefilled_cache(inputs[self.prompt_keys[0]], context,
-                                            prefill_length, None)
-        return cache
-
-    def _stream_step(self, token_ids, cache, index, mask, sampler, repetition_penalty):
-        """One position of keras-hub's sampling loop body: the cached step at `index`, the
-        sampler's token (prompt tokens kept) written into `token_ids`. Returns the new ids,
-        the cache and the tokens `[B]`."""
-        decode = self._decode_step if keras.config.backend() != "torch" else (
-            self._traced_decode_step)
-        logits, _, cache = decode(token_ids, cache, index)
-        if repetition_penalty is not None:
-            logits = penalize_repetition(logits, token_ids, index, repetition_penalty)
-        tokens = sampler.get_next_token(sampler.compute_probabilities(logits))
-        tokens = ops.cast(tokens, token_ids.dtype)
-        tokens = ops.where(ops.take(ops.cast(mask, "bool"), index, axis=1),
-                           ops.take(token_ids, index, axis=1), tokens)
-        token_ids = ops.slice_update(token_ids, (0, index), tokens[:, None])
-        return token_ids, cache, tokens
 
     def generate_step(self, inputs, stop_token_ids=None, sampler=None, use_cache=True,
                       prefill_length=None, stop_classifier=None, stop_margin=0.0,
@@ -626,13 +465,6 @@ class GenerativeTask(FunctionalModel):
         states, building it for their width when it is not built yet."""
         return build_stop_classifier(stop_classifier, self._output_embeddings.embedding_dim)
 
-    def _check_stop_token_ids(self, stop_token_ids):
-        """A tuple of ints inside the vocabulary, or `None` for none; `"auto"`: the model's
-        `stop_token_ids`."""
-        if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
-            return self.stop_token_ids or None
-        return check_stop_token_ids(stop_token_ids, self._output_embeddings.vocabulary_size)
-
     # What the model exports ----------------------------------------------------------------
     def export_endpoints(self):
         """`FunctionalModel.export_endpoints` with the task's `GenerationSteps`: the cached
@@ -656,15 +488,4 @@ class GenerativeTask(FunctionalModel):
     def get_config(self):
         config = super().get_config()
         config["pad_token_id"] = self.pad_token_id
-        config["stop_token_ids"] = list(self.stop_token_ids)
         return config
-
-    @classmethod
-    def from_config(cls, config):
-        # The default stop ids are a generation setting kept beside the hyperparameters:
-        # set on the built model, so that the subclasses' constructors need not take them.
-        config = dict(config)
-        stop_token_ids = config.pop("stop_token_ids", ())
-        model = super().from_config(config)
-        model.stop_token_ids = stop_token_ids
-        return model
