@@ -28,6 +28,9 @@ from tests.layer_checks import to_numpy
 from tests.models.tiny import VOCAB
 from tests.models.tiny import causal_lm
 from tests.models.tiny import randomize_embeddings
+from tests.models.tiny import seq2seq_batch
+from tests.models.tiny import seq2seq_lm
+from tests.models.tiny import text_encoder
 
 PROMPTS = [[3, 4, 5], [6, 7]]
 
@@ -195,6 +198,16 @@ def test_ids_outside_the_vocabulary_raise_at_every_entry_point(lm):
         lm({"token_ids": np.array([[3, -1]]), "padding_mask": np.ones((1, 2), "int32")})
     # Padding outside a prompt's mask is not read: any pad id passes generate's check.
     lm.generate({"token_ids": np.array([[3, 4, 0]]), "padding_mask": np.array([[1, 1, 0]])})
+
+
+def test_calls_of_tasks_check_their_backbones_token_inputs():
+    ids = np.array([[3, 40]], "int32")
+    with pytest.raises(ValueError, match=r"token_ids must hold ids in \[0, 32\).*\[40\]"):
+        text_encoder()({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+    batch = seq2seq_batch(np.random.default_rng(0))
+    batch["encoder_token_ids"][0, 0] = 40
+    with pytest.raises(ValueError, match=r"encoder_token_ids must hold ids in \[0, 32\)"):
+        seq2seq_lm()(batch)
 
 
 def test_outputs_past_a_learned_position_table_raise_before_compiling():

@@ -3,7 +3,8 @@ a seeded sampler, with ragged prompts, stop ids and the repetition penalty; its 
 compiled once per bucket; beam search is refused.
 
 One tiny module-scoped `CausalLM` (one layer, vocabulary 32, `max_sequence_length` 12),
-ragged prompts of 3 and 5 tokens, output length 10 (bucket 12).
+ragged prompts of 3 and 5 tokens, output length 10 (bucket 12); and a tiny `Seq2SeqLM`, whose
+stream starts from the start token with the cross-attention caches prefilled.
 """
 
 import keras_hub
@@ -12,6 +13,7 @@ import pytest
 
 from tests.models.tiny import causal_lm
 from tests.models.tiny import randomize_embeddings
+from tests.models.tiny import seq2seq_lm
 
 PROMPTS = [[3, 4, 5], [6, 7, 8, 9, 10]]
 LENGTH = 10
@@ -75,3 +77,12 @@ def test_seeded_sampling_stream_equals_generate(lm):
 def test_beam_search_is_refused(lm):
     with pytest.raises(ValueError, match="stream works with samplers .* not with beam"):
         lm.stream(PROMPTS, max_length=LENGTH, sampler=keras_hub.samplers.BeamSampler(2))
+
+
+def test_seq2seq_stream_equals_generate():
+    model = seq2seq_lm(start_token_id=1)
+    randomize_embeddings(model)
+    sources = {"encoder_token_ids": np.array([[3, 4, 5, 6], [8, 9, 0, 0]], "int32")}
+    expected = model.generate(sources, max_length=8, stop_token_ids=None)["decoder_token_ids"]
+    pieces = list(model.stream(sources, max_length=8, stop_token_ids=None))
+    np.testing.assert_array_equal(np.stack(pieces, axis=1), expected[:, 1:])
