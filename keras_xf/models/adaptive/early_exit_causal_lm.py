@@ -156,7 +156,7 @@ class EarlyExitCausalLM(CausalLM):
                         sampler=sampler, **kwargs)
 
     # Adaptive-depth generation ------------------------------------------------------------
-    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
+    def generate(self, inputs, max_length=None, stop_token_ids="auto", sampler=None,
                  use_cache=True, exit_criterion=None, exit_threshold=None,
                  return_exit_layers=False):
         """`CausalLM.generate`, with token-level adaptive depth when `exit_criterion` is given.
