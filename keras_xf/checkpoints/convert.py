@@ -88,6 +88,9 @@ def from_huggingface(directory, dtype=None):
     if isinstance(model, GenerativeTask):
         model.stop_token_ids = end_token_ids(folder.directory, folder.config,
                                              model.token_vocabulary_sizes())
+    preprocessor = folder_preprocessor(model, os.fspath(directory))
+    if preprocessor is not None:
+        model.preprocessor = preprocessor
     return model
 
 

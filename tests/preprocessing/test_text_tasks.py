@@ -146,31 +146,34 @@ def test_seq2seq_trains_on_pairs_and_generates_text(tokenizer):
 class Recorder:
     """A stand-in task whose `generate` records its arguments and echoes the prompts."""
 
-    def __init__(self, preprocessor):
+    def __init__(self, preprocessor, stop_token_ids=()):
         self.preprocessor = preprocessor
+        self.stop_token_ids = stop_token_ids
         self.calls = []
 
-    def generate(self, inputs, max_length=None, stop_token_ids=None):
-        self.calls.append({"max_length": max_length, "stop_token_ids": stop_token_ids})
+    def generate(self, inputs, max_length=None, stop_token_ids="auto", *, max_new_tokens=None):
+        self.calls.append({"max_length": max_length, "stop_token_ids": stop_token_ids,
+                           "max_new_tokens": max_new_tokens})
         return inputs
 
 
 def test_text_stops_at_the_end_token_unless_told_otherwise(tokenizer):
     from keras_xf.models.generative.text_generation import generates_text
 
-    recorder = Recorder(CausalLMPreprocessor(tokenizer, sequence_length=LENGTH))
     generate = generates_text(Recorder.generate)
+    recorder = Recorder(CausalLMPreprocessor(tokenizer, sequence_length=LENGTH))
     assert generate(recorder, "To be") == "To be"
     generate(recorder, ["To be"], 12, stop_token_ids=None)
     generate(recorder, ["To be"], stop_token_ids=(3,))
-    assert recorder.calls == [{"max_length": LENGTH, "stop_token_ids": (1,)},
-                              {"max_length": 12, "stop_token_ids": None},
-                              {"max_length": LENGTH, "stop_token_ids": (3,)}]
-
-    def generate_with_its_own_default(self, inputs, max_length=None, stop_token_ids="auto"):
-        self.calls.append({"stop_token_ids": stop_token_ids})
-        return inputs
-
-    generates_text(generate_with_its_own_default)(recorder, "To be")
-    assert recorder.calls[-1] == {"stop_token_ids": "auto"}
+    generate(recorder, ["To be"], max_new_tokens=4)
+    assert recorder.calls == [
+        {"max_length": LENGTH, "stop_token_ids": (1,), "max_new_tokens": None},
+        {"max_length": 12, "stop_token_ids": None, "max_new_tokens": None},
+        {"max_length": LENGTH, "stop_token_ids": (3,), "max_new_tokens": None},
+        {"max_length": None, "stop_token_ids": (1,), "max_new_tokens": 4},
+    ]
+    # A model with stop ids of its own (a checkpoint's end ids) keeps them: "auto".
+    with_own_stops = Recorder(recorder.preprocessor, stop_token_ids=(2,))
+    generate(with_own_stops, "To be")
+    assert with_own_stops.calls[-1]["stop_token_ids"] == "auto"
     assert generate(recorder, [[5, 6]]) == [[5, 6]]  # ids pass straight through

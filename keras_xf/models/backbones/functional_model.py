@@ -90,11 +90,6 @@ class FunctionalModel(keras.Model):
         x, y, sample_weight = preprocessed(self.preprocessor, x, y, sample_weight)
         return super().evaluate(x, y, *args, sample_weight=sample_weight, **kwargs)
 
-    def predict(self, x, *args, **kwargs):
-        """Keras `predict`; with a preprocessor, `x` may be text."""
-        x, _, _ = preprocessed(self.preprocessor, x)
-        return super().predict(x, *args, **kwargs)
-
     @classmethod
     def from_config(cls, config):
         model = cls(**config)
@@ -151,9 +146,10 @@ class FunctionalModel(keras.Model):
         return super().__call__(*args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        """Keras `predict`; token ids given as numpy arrays or lists are checked against the
-        vocabulary first (`token_vocabulary_sizes`), since the step Keras compiles sees
-        them only as traced tensors."""
+        """Keras `predict`; with a preprocessor, `x` may be text. Token ids given as numpy
+        arrays or lists are checked against the vocabulary first (`token_vocabulary_sizes`),
+        since the step Keras compiles sees them only as traced tensors."""
+        x, _, _ = preprocessed(self.preprocessor, x)
         check_input_token_ids(self, x)
         return super().predict(x, *args, **kwargs)
 
