@@ -3,6 +3,8 @@
 import json
 import os
 
+import numpy as np
+
 from keras_xf.checkpoints import bert
 from keras_xf.checkpoints import bloom
 from keras_xf.checkpoints import gemma
@@ -15,6 +17,13 @@ from keras_xf.checkpoints import vit
 from keras_xf.checkpoints.deferred_variables import built_without_values
 from keras_xf.checkpoints.deferred_variables import initialize_unfilled
 from keras_xf.checkpoints.safetensors_folder import SafetensorsFolder
+from keras_xf.checkpoints.sentence_transformers import SentenceTransformersFolder
+from keras_xf.checkpoints.sentence_transformers import is_sentence_transformers_folder
+from keras_xf.checkpoints.tensor_map import Entry
+from keras_xf.checkpoints.tensor_map import TensorMap
+from keras_xf.checkpoints.tensor_map import copy
+from keras_xf.checkpoints.tensor_map import linear
+from keras_xf.models.encoders.text_encoder import TextEncoder
 
 # Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
 # `model_type` to one), `build(config, dtype)`, `build_from_folder(folder, dtype)` (the model
@@ -53,7 +62,9 @@ def from_huggingface(directory, dtype=None):
 
     Args:
         directory: a folder with `config.json` and `model.safetensors` (or sharded files with
-            `model.safetensors.index.json`), as written by `save_pretrained`.
+            `model.safetensors.index.json`), as written by `save_pretrained`; or a
+            sentence-transformers folder (`modules.json`, as `SentenceTransformer.save`
+            writes it).
         dtype: the model's dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`, ...);
             the Keras default when `None`. Tensors are cast to it as they are loaded.
 
@@ -63,17 +74,59 @@ def from_huggingface(directory, dtype=None):
         `VisionClassifier` (`ViTForImageClassification`), a `VisionBackbone` (a `ViTModel`
         saved without pooler: `last_hidden_state`) or a `TextEncoder` (BERT, RoBERTa,
         XLM-RoBERTa: its output is the pooler's, or the `[CLS]` state for a folder saved
-        without pooler; its backbone's the last hidden state).
+        without pooler; its backbone's the last hidden state). A sentence-transformers
+        folder gives a `TextEncoder` whose pooling, projection (a `Dense` module) and
+        normalisation are its modules'; its tokenization settings are
+        `sentence_transformers_settings(directory)`'s.
 
     Raises:
         ValueError: a folder of another architecture, or a tensor that is missing, left
-            unused, or of a shape that does not fit, named in the message.
+            unused, or of a shape that does not fit, named in the message; a
+            sentence-transformers module or pooling mode keras_xf cannot express, named.
 
     Example:
     >>> model = from_huggingface("path/to/llama")  # doctest: +SKIP
     >>> model.generate(["..."], max_length=32)  # doctest: +SKIP
     """
+    if is_sentence_transformers_folder(directory):
+        return _load_sentence_transformer(SentenceTransformersFolder(directory), dtype)
     return load_checkpoint(SafetensorsFolder(directory), dtype=dtype)
+
+
+def _load_sentence_transformer(modules, dtype):
+    """The `TextEncoder` of a `SentenceTransformersFolder`: the transformer's backbone, then
+    the modules' pooling, projection and normalisation. The transformer's `pooler.*` tensors
+    are left out, as sentence-transformers reads only its token states."""
+    folder = SafetensorsFolder(modules.transformer_directory)
+    family, architecture = _family_of(folder.config, folder.directory)
+    dense = modules.dense
+    if family is not bert:
+        raise ValueError(
+            f"The transformer of {modules.directory} is a {architecture}; keras_xf loads "
+            f"sentence-transformers folders of the encoders {list(bert.ARCHITECTURES)}.")
+    try:
+        with built_without_values():
+            base = bert.build(folder.config, dtype=dtype, pooler=False)
+            model = TextEncoder(
+                base.backbone, pooling=modules.pooling,
+                projection_dim=dense["out_features"] if dense else None,
+                projection_activation=dense["activation"] if dense else None,
+                normalize=modules.normalize, dtype=dtype)
+        backbone_map = family.tensor_map(model.backbone, folder.config)
+        TensorMap(backbone_map.entries, ignored=backbone_map.ignored + [r"pooler\..*"],
+                  alias=backbone_map.alias).load(folder, architecture)
+        if dense:
+            entries = [linear("linear.weight", model.projection.kernel)]
+            if dense["bias"]:
+                entries.append(copy("linear.bias", model.projection.bias))
+            else:  # a bias-free Linear: the projection's bias is zero
+                zeros = np.zeros(model.projection.bias.shape, "float32")
+                entries.append(Entry([], [model.projection.bias], lambda a: [zeros],
+                                     lambda a: []))
+            TensorMap(entries).load(SafetensorsFolder(dense["directory"]), "Dense")
+    finally:
+        initialize_unfilled()
+    return model
 
 
 def load_checkpoint(folder, dtype=None):
