@@ -49,20 +49,30 @@ def _tokenizer():
     return tokenizer
 
 
-@pytest.fixture(scope="module")
-def transformer_folder(tmp_path_factory):
-    """A perturbed two-layer `BertModel` (with its pooler) and its tokenizer."""
-    folder = tmp_path_factory.mktemp("bert")
-    config = transformers.BertConfig(
-        vocab_size=len(WORDS), hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0)
+def _transformer_folder(folder, architecture="bert"):
+    """A perturbed two-layer `BertModel` (with its pooler), or a one-layer `RobertaModel`
+    (padding id 0: positions from 1), and the tokenizer."""
+    sizes = dict(vocab_size=len(WORDS), hidden_size=WIDTH, num_attention_heads=2,
+                 intermediate_size=32, hidden_dropout_prob=0.0,
+                 attention_probs_dropout_prob=0.0)
+    if architecture == "bert":
+        model = transformers.BertModel(transformers.BertConfig(
+            **sizes, num_hidden_layers=2, max_position_embeddings=32))
+    else:
+        model = transformers.RobertaModel(transformers.RobertaConfig(
+            **sizes, num_hidden_layers=1, max_position_embeddings=34, pad_token_id=0,
+            type_vocab_size=1))
     torch.manual_seed(0)
-    perturbed(transformers.BertModel(config)).save_pretrained(folder)
+    perturbed(model).save_pretrained(folder)
     transformers.BertTokenizerFast(
         tokenizer_object=_tokenizer(), unk_token="[UNK]", pad_token="[PAD]",
         cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def transformer_folder(tmp_path_factory):
+    return _transformer_folder(tmp_path_factory.mktemp("bert"))
 
 
 def _save(transformer_folder, folder, pooling, dense=None, normalize=False, seed=1):
@@ -120,8 +130,19 @@ def test_embeddings_equal_sentence_transformers(case):
 def test_padded_positions_do_not_change_the_embedding(case):
     name, folder, expected, model = case
     # Four more positions holding a real token's id, masked out.
-    padded = model.predict(_inputs(model, length=16, filler=WORDS.index("cat")), verbose=0)
+    padded = model.predict_on_batch(_inputs(model, length=16, filler=WORDS.index("cat")))
     np.testing.assert_allclose(padded, expected, atol=1e-5, rtol=0)
+
+
+def test_roberta_transformer(tmp_path):
+    transformer = _transformer_folder(tmp_path / "roberta", "roberta")
+    folder = _save(transformer, tmp_path / "folder", "mean", normalize=True)
+    expected = st.SentenceTransformer(str(folder), device="cpu").encode(
+        TEXTS, convert_to_numpy=True)
+    model = from_huggingface(folder)
+    assert "segment_ids" not in model.input
+    np.testing.assert_allclose(model.predict_on_batch(_inputs(model)), expected, atol=1e-5,
+                               rtol=0)
 
 
 def test_settings_are_the_tokenizers(case):
@@ -177,6 +198,35 @@ def test_unknown_module_is_named(mean_folder, tmp_path):
         from_huggingface(folder)
 
 
+def test_older_layout_loads(mean_folder, tmp_path):
+    """The layout of older sentence-transformers releases: the transformer in `0_Transformer`,
+    `sentence_transformers.models.*` module types, and boolean pooling flags (here `[CLS]`)."""
+    import shutil
+
+    folder = tmp_path / "folder"
+    shutil.copytree(mean_folder, folder / "0_Transformer")
+    shutil.move(folder / "0_Transformer" / "1_Pooling", folder / "1_Pooling")
+    shutil.move(folder / "0_Transformer" / "modules.json", folder / "modules.json")
+    (folder / "0_Transformer" / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 20, "do_lower_case": False}))
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "0_Transformer",
+         "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"}]))
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": WIDTH, "pooling_mode_cls_token": True,
+        "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False}))
+    expected = st.SentenceTransformer(str(folder), device="cpu").encode(
+        TEXTS, convert_to_numpy=True)
+    model = from_huggingface(folder)
+    assert model.pooling.mode == "cls"
+    np.testing.assert_allclose(model.predict_on_batch(_inputs(model)), expected, atol=1e-5,
+                               rtol=0)
+    assert sentence_transformers_settings(folder)["max_seq_length"] == 20
+
+
 def test_legacy_transformer_config_settings(mean_folder, tmp_path):
     """An older folder's `sentence_bert_config.json` with `max_seq_length` and
     `do_lower_case`, and pooling that leaves the prompt out."""
@@ -191,3 +241,32 @@ def test_legacy_transformer_config_settings(mean_folder, tmp_path):
     config_path.write_text(json.dumps({**config, "include_prompt": False}))
     assert sentence_transformers_settings(folder) == {
         "max_seq_length": 10, "do_lower_case": True, "include_prompt": False}
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"use_residual": True}, "use_residual"),
+    ({"activation_function": "torch.nn.modules.activation.Softplus"}, "Softplus"),
+    ({"module_input_name": "token_embeddings"}, "token_embeddings"),
+    (None, "model.safetensors"),
+])
+def test_inexpressible_dense_is_named(mean_folder, tmp_path, change, named):
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "folder"
+    shutil.copytree(mean_folder, folder)
+    dense = folder / "2_Dense"
+    dense.mkdir()
+    config = {"in_features": WIDTH, "out_features": 4, "bias": True,
+              "activation_function": "torch.nn.modules.activation.Tanh"}
+    (dense / "config.json").write_text(json.dumps({**config, **(change or {})}))
+    if change is not None:
+        save_file({"linear.weight": np.ones((4, WIDTH), "float32"),
+                   "linear.bias": np.ones(4, "float32")}, str(dense / "model.safetensors"))
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_Dense",
+                    "type": "sentence_transformers.base.modules.dense.Dense"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ValueError, match=named):
+        from_huggingface(folder)
