@@ -194,15 +194,18 @@ def sentence_transformers_settings(directory):
         the Transformer module's `max_seq_length`, else its tokenizer's `model_max_length`,
         else `None`), `do_lower_case` (sentence-transformers lowercases texts before its
         tokenizer: the Transformer module's flag; a tokenizer's own lowercasing is in its
-        `tokenizer.json`) and `include_prompt` (`False`: prompt tokens are left out of the
-        pooling).
+        `tokenizer.json`), `include_prompt` (`False`: prompt tokens are left out of the
+        pooling), `prompts` (`{name: text prefixed to the input}`, from
+        `config_sentence_transformers.json`; `{}` without) and `default_prompt_name` (the
+        prompt `encode` prefixes when given none, or `None`).
 
     Raises:
         ValueError: `directory` has no `modules.json`, or its modules lack a Transformer.
 
     Example:
-    >>> sentence_transformers_settings("path/to/all-MiniLM-L6-v2")  # doctest: +SKIP
-    {'max_seq_length': 256, 'do_lower_case': False, 'include_prompt': True}
+    >>> settings = sentence_transformers_settings("path/to/all-MiniLM-L6-v2")  # doctest: +SKIP
+    >>> settings["max_seq_length"], settings["do_lower_case"]  # doctest: +SKIP
+    (256, False)
     """
     directory = os.fspath(directory)
     if not is_sentence_transformers_folder(directory):
@@ -227,5 +230,7 @@ def sentence_transformers_settings(directory):
     if "Pooling" in paths:
         pooling = _read_json(os.path.join(paths["Pooling"], "config.json"), default={})
         include_prompt = bool(pooling.get("include_prompt", True))
+    model = _read_json(os.path.join(directory, "config_sentence_transformers.json"), default={})
     return {"max_seq_length": length, "do_lower_case": bool(config.get("do_lower_case", False)),
-            "include_prompt": include_prompt}
+            "include_prompt": include_prompt, "prompts": dict(model.get("prompts") or {}),
+            "default_prompt_name": model.get("default_prompt_name")}

@@ -147,8 +147,13 @@ def test_roberta_transformer(tmp_path):
 
 def test_settings_are_the_tokenizers(case):
     name, folder, expected, model = case
-    assert sentence_transformers_settings(folder) == {
-        "max_seq_length": MAX_LENGTH, "do_lower_case": False, "include_prompt": True}
+    settings = sentence_transformers_settings(folder)
+    assert {k: settings[k] for k in ("max_seq_length", "do_lower_case", "include_prompt",
+                                     "default_prompt_name")} == {
+        "max_seq_length": MAX_LENGTH, "do_lower_case": False, "include_prompt": True,
+        "default_prompt_name": None}
+    # sentence-transformers writes its prompts (empty ones for "query" and "document").
+    assert all(text == "" for text in settings["prompts"].values())
 
 
 @pytest.fixture(scope="module")
@@ -239,8 +244,11 @@ def test_legacy_transformer_config_settings(mean_folder, tmp_path):
     config_path = folder / "1_Pooling" / "config.json"
     config = json.loads(config_path.read_text())
     config_path.write_text(json.dumps({**config, "include_prompt": False}))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: "}, "default_prompt_name": "query"}))
     assert sentence_transformers_settings(folder) == {
-        "max_seq_length": 10, "do_lower_case": True, "include_prompt": False}
+        "max_seq_length": 10, "do_lower_case": True, "include_prompt": False,
+        "prompts": {"query": "query: "}, "default_prompt_name": "query"}
 
 
 @pytest.mark.parametrize("change, named", [
