@@ -3,4 +3,5 @@
 from keras_xf.checkpoints.convert import from_huggingface
 from keras_xf.checkpoints.convert import to_huggingface
 from keras_xf.checkpoints.keras_hub_backbones import from_keras_hub
+from keras_xf.checkpoints.sentence_transformers import sentence_transformers_settings
 from keras_xf.preprocessing import HuggingFaceTokenizer

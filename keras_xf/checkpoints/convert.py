@@ -4,6 +4,8 @@ import json
 import os
 import warnings
 
+import numpy as np
+
 from keras_xf.checkpoints import bert
 from keras_xf.checkpoints import bloom
 from keras_xf.checkpoints import gemma
@@ -18,6 +20,13 @@ from keras_xf.checkpoints.deferred_variables import initialize_unfilled
 from keras_xf.checkpoints.folder_preprocessor import folder_preprocessor
 from keras_xf.checkpoints.safetensors_folder import SafetensorsFolder
 from keras_xf.models import GenerativeTask
+from keras_xf.checkpoints.sentence_transformers import SentenceTransformersFolder
+from keras_xf.checkpoints.sentence_transformers import is_sentence_transformers_folder
+from keras_xf.checkpoints.tensor_map import Entry
+from keras_xf.checkpoints.tensor_map import TensorMap
+from keras_xf.checkpoints.tensor_map import copy
+from keras_xf.checkpoints.tensor_map import linear
+from keras_xf.models.encoders.text_encoder import TextEncoder
 
 # Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
 # `model_type` to one), `build(config, dtype)`, `build_from_folder(folder, dtype)` (the model
@@ -56,7 +65,9 @@ def from_huggingface(directory, dtype=None):
 
     Args:
         directory: a folder with `config.json` and `model.safetensors` (or sharded files with
-            `model.safetensors.index.json`), as written by `save_pretrained`.
+            `model.safetensors.index.json`), as written by `save_pretrained`; or a
+            sentence-transformers folder (`modules.json`, as `SentenceTransformer.save`
+            writes it).
         dtype: the model's dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`, ...);
             the Keras default when `None`. Tensors are cast to it as they are loaded.
 
@@ -70,25 +81,37 @@ def from_huggingface(directory, dtype=None):
         `VisionClassifier` (`ViTForImageClassification`), a `VisionBackbone` (a `ViTModel`
         saved without pooler: `last_hidden_state`) or a `TextEncoder` (BERT, RoBERTa,
         XLM-RoBERTa: its output is the pooler's, or the `[CLS]` state for a folder saved
-        without pooler; its backbone's the last hidden state).
+        without pooler; its backbone's the last hidden state). A sentence-transformers
+        folder gives a `TextEncoder` whose pooling, projection (a `Dense` module) and
+        normalisation are its modules'; its tokenization settings are
+        `sentence_transformers_settings(directory)`'s.
         When the folder has a `tokenizer.json`, a text task carries a preprocessor built
         from it (`keras_xf.preprocessing`: the folder's tokenizer, special tokens and chat
-        template), so `generate`, `fit` and `predict` take text; without one, ids.
+        template), so `generate`, `fit` and `predict` take text; without one, ids. A
+        generating task's default stop ids are the folder's end ids
+        (`generation_config.json`, else `config.json`).
 
     Raises:
         ValueError: a folder of another architecture, or a tensor that is missing, left
-            unused, or of a shape that does not fit, named in the message.
+            unused, or of a shape that does not fit, named in the message; a
+            sentence-transformers module or pooling mode keras_xf cannot express, named.
 
     Example:
     >>> model = from_huggingface("path/to/llama")  # doctest: +SKIP
     >>> model.generate(["To be, or"], max_length=32)  # doctest: +SKIP
     """
-    folder = SafetensorsFolder(directory)
-    model = load_checkpoint(folder, dtype=dtype)
-    if isinstance(model, GenerativeTask):
-        model.stop_token_ids = end_token_ids(folder.directory, folder.config,
-                                             model.token_vocabulary_sizes())
-    preprocessor = folder_preprocessor(model, os.fspath(directory))
+    if is_sentence_transformers_folder(directory):
+        modules = SentenceTransformersFolder(directory)
+        model = _load_sentence_transformer(modules, dtype)
+        tokenizer_directory = modules.transformer_directory
+    else:
+        folder = SafetensorsFolder(directory)
+        model = load_checkpoint(folder, dtype=dtype)
+        if isinstance(model, GenerativeTask):
+            model.stop_token_ids = end_token_ids(folder.directory, folder.config,
+                                                 model.token_vocabulary_sizes())
+        tokenizer_directory = os.fspath(directory)
+    preprocessor = folder_preprocessor(model, tokenizer_directory)
     if preprocessor is not None:
         model.preprocessor = preprocessor
     return model
@@ -115,6 +138,42 @@ def end_token_ids(directory, config, vocabulary_sizes=None):
         warnings.warn(f"The checkpoint in {directory} names end ids {ids}; those outside the "
                       f"vocabulary [0, {limit}) are not stop ids.", stacklevel=2)
     return kept
+
+
+def _load_sentence_transformer(modules, dtype):
+    """The `TextEncoder` of a `SentenceTransformersFolder`: the transformer's backbone, then
+    the modules' pooling, projection and normalisation. The transformer's `pooler.*` tensors
+    are left out, as sentence-transformers reads only its token states."""
+    folder = SafetensorsFolder(modules.transformer_directory)
+    family, architecture = _family_of(folder.config, folder.directory)
+    dense = modules.dense
+    if family is not bert:
+        raise ValueError(
+            f"The transformer of {modules.directory} is a {architecture}; keras_xf loads "
+            f"sentence-transformers folders of the encoders {list(bert.ARCHITECTURES)}.")
+    try:
+        with built_without_values():
+            base = bert.build(folder.config, dtype=dtype, pooler=False)
+            model = TextEncoder(
+                base.backbone, pooling=modules.pooling,
+                projection_dim=dense["out_features"] if dense else None,
+                projection_activation=dense["activation"] if dense else None,
+                normalize=modules.normalize, dtype=dtype)
+        backbone_map = family.tensor_map(model.backbone, folder.config)
+        TensorMap(backbone_map.entries, ignored=backbone_map.ignored + [r"pooler\..*"],
+                  alias=backbone_map.alias).load(folder, architecture)
+        if dense:
+            entries = [linear("linear.weight", model.projection.kernel)]
+            if dense["bias"]:
+                entries.append(copy("linear.bias", model.projection.bias))
+            else:  # a bias-free Linear: the projection's bias is zero
+                zeros = np.zeros(model.projection.bias.shape, "float32")
+                entries.append(Entry([], [model.projection.bias], lambda a: [zeros],
+                                     lambda a: []))
+            TensorMap(entries).load(SafetensorsFolder(dense["directory"]), "Dense")
+    finally:
+        initialize_unfilled()
+    return model
 
 
 def load_checkpoint(folder, dtype=None):
