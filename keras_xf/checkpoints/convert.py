@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 
 from keras_xf.checkpoints import bert
 from keras_xf.checkpoints import bloom
@@ -19,6 +20,7 @@ from keras_xf.checkpoints.generation_config import generation_config
 from keras_xf.checkpoints.safetensors_folder import SafetensorsFolder
 from keras_xf.checkpoints.tokenizer_files import model_tokenizer
 from keras_xf.checkpoints.tokenizer_files import write_tokenizer_files
+from keras_xf.models import GenerativeTask
 
 # Each family: its architecture names (`ARCHITECTURES`, and `MODEL_TYPES` mapping a config's
 # `model_type` to one), `build(config, dtype)`, `build_from_folder(folder, dtype)` (the model
@@ -61,6 +63,10 @@ def from_huggingface(directory, dtype=None):
         dtype: the model's dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`, ...);
             the Keras default when `None`. Tensors are cast to it as they are loaded.
 
+    A generating task's default stop ids (`stop_token_ids`, used by `generate` unless told
+    otherwise) are the checkpoint's end ids: `generation_config.json`'s `eos_token_id` (an
+    int or a list), else `config.json`'s.
+
     Returns:
         The task model, built from the model classes: a `CausalLM` (GPT-2; Llama, Mistral
         and Qwen2; Gemma; Mixtral; BLOOM; Mamba), a `Seq2SeqLM` (T5 1.0 and 1.1), a
@@ -80,11 +86,38 @@ def from_huggingface(directory, dtype=None):
     >>> model = from_huggingface("path/to/llama")  # doctest: +SKIP
     >>> model.generate(["To be, or"], max_length=32)  # doctest: +SKIP
     """
-    model = load_checkpoint(SafetensorsFolder(directory), dtype=dtype)
+    folder = SafetensorsFolder(directory)
+    model = load_checkpoint(folder, dtype=dtype)
     preprocessor = folder_preprocessor(model, os.fspath(directory))
     if preprocessor is not None:
         model.preprocessor = preprocessor
+    if isinstance(model, GenerativeTask):
+        model.stop_token_ids = end_token_ids(folder.directory, folder.config,
+                                             model.token_vocabulary_sizes())
     return model
+
+
+def end_token_ids(directory, config, vocabulary_sizes=None):
+    """The end ids of a checkpoint folder, a list: `generation_config.json`'s `eos_token_id`
+    (an int or a list) when it names one, else `config.json`'s (`config`), else none. Ids
+    outside the vocabularies in `vocabulary_sizes` (`{input: size}`) are left out with a
+    warning (a generation setting should not stop a model from loading)."""
+    ids = None
+    path = os.path.join(directory, "generation_config.json")
+    if os.path.isfile(path):
+        with open(path) as file:
+            ids = json.load(file).get("eos_token_id")
+    if ids is None:
+        ids = config.get("eos_token_id")
+    if ids is None:
+        return []
+    ids = [int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])]
+    limit = min(vocabulary_sizes.values()) if vocabulary_sizes else None
+    kept = [i for i in ids if limit is None or 0 <= i < limit]
+    if len(kept) != len(ids):
+        warnings.warn(f"The checkpoint in {directory} names end ids {ids}; those outside the "
+                      f"vocabulary [0, {limit}) are not stop ids.", stacklevel=2)
+    return kept
 
 
 def load_checkpoint(folder, dtype=None):

@@ -62,7 +62,8 @@ def compile_generate_function(model, function, sampler):
 
 
 class CompiledFunctions:
-    """A cache of compiled generation functions, keyed by (sampler, stop tokens, cache flag).
+    """A cache of compiled generation functions, keyed by their settings (sampler, stop ids,
+    cache flag, prefill length, ...), and a count of the programs they compiled.
 
     A plain object rather than a dict: TensorFlow tracks dict attributes of a layer and would
     try to save the compiled functions into a SavedModel.
@@ -70,7 +71,22 @@ class CompiledFunctions:
 
     def __init__(self):
         self._functions = {}
+        self._programs = set()
+        # The samplers that names and `SamplerSpec`s resolved to, one object per key, so that
+        # a compiled loop and `generate(seed=...)` reach the same seed generators.
+        self.samplers = {}
         self.decode_step = None  # the loop body, traced on PyTorch (`trace_decoding_step`)
+
+    def count_program(self, key, arrays):
+        """Records that the function under `key` ran on inputs of the shapes of `arrays`:
+        one compiled program per distinct pair (XLA on TensorFlow and JAX, TorchScript traces
+        of the step on PyTorch, each keyed by input shapes)."""
+        self._programs.add((key, tuple(tuple(a.shape) for a in arrays)))
+
+    @property
+    def program_count(self):
+        """How many (function, input shapes) pairs have run: the programs compiled."""
+        return len(self._programs)
 
     def __contains__(self, key):
         return key in self._functions

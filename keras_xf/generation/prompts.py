@@ -10,6 +10,32 @@ import numpy as np
 from keras import ops
 
 
+class NewTokens:
+    """An output length given as a count of new tokens: the longest prompt's length plus
+    `count` (`generate(max_new_tokens=...)`); `pack_prompts` takes it as `max_length`."""
+
+    def __init__(self, count):
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+            raise ValueError(f"max_new_tokens must be a positive int. Received: "
+                             f"max_new_tokens={count!r}")
+        self.count = int(count)
+
+
+def bucket_length(length, cap=None, smallest=8):
+    """The compile bucket of an output length: the smallest power of two `>= length` (at
+    least `smallest`), no larger than `cap` (the model's `max_sequence_length`) when `length`
+    fits under it. Outputs padded to their bucket share one compiled program."""
+    bucket = max(smallest, 1 << max(int(length) - 1, 0).bit_length())
+    if cap is not None and length <= cap:
+        bucket = min(bucket, cap)
+    return bucket
+
+
+def pad_to_width(array, width, value):
+    """A `[B, W]` numpy array padded on the right with `value` to `[B, width]`."""
+    return np.pad(array, ((0, 0), (0, width - array.shape[1])), constant_values=value)
+
+
 class PackedPrompts:
     """Left-aligned prompts `[B, L]` with a prompt mask, and how to give results back.
 
@@ -33,7 +59,10 @@ class PackedPrompts:
         compiled programs small (one per power of two rather than one per prompt length); the
         remaining prompt tokens are fed one at a time by the loop, which keeps them.
         """
-        return int(ops.convert_to_numpy(prefill_length(self.padding_mask)))
+        # In NumPy: `prefill_length` in backend ops would compile its eager ops once per
+        # prompt width on JAX (a tenth of a second a call, for a count).
+        shortest = int(self.padding_mask.sum(axis=1).min())
+        return 1 << (shortest.bit_length() - 1)
 
     def unpack(self, token_ids, padding_mask, form=None, keys=("token_ids", "padding_mask")):
         """Results in the structure the prompts came in (or in `form`); a dict result uses
@@ -103,8 +132,8 @@ def pack_prompts(inputs, max_length=None, default_max_length=None, pad_token_id=
       array (one prompt, padding stripped likewise);
     - a list of lists (ragged prompts, every entry a token), or a list of ints (one prompt).
 
-    `max_length` defaults to the dict's width, else to `default_max_length`, else to the
-    packed width.
+    `max_length` (an int, or `NewTokens(n)`: the longest prompt's length plus `n`) defaults
+    to the dict's width, else to `default_max_length`, else to the packed width.
 
     Raises:
         ValueError, naming the argument: for empty prompts, prompts longer than
@@ -168,6 +197,8 @@ def pack_prompts(inputs, max_length=None, default_max_length=None, pad_token_id=
             f"Every prompt in {ids_name} needs at least one token. Received lengths "
             f"{lengths.tolist()}"
         )
+    if isinstance(max_length, NewTokens):
+        max_length = int(lengths.max()) + max_length.count
     if max_length is None:
         max_length = token_ids.shape[1] if form == "dict" else default_max_length
     if max_length is None:

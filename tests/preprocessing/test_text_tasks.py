@@ -146,8 +146,9 @@ def test_seq2seq_trains_on_pairs_and_generates_text(tokenizer):
 class Recorder:
     """A stand-in task whose `generate` records its arguments and echoes the prompts."""
 
-    def __init__(self, preprocessor):
+    def __init__(self, preprocessor, stop_token_ids=()):
         self.preprocessor = preprocessor
+        self.stop_token_ids = stop_token_ids  # the model's own stop ids (none)
         self.calls = []
 
     def generate(self, inputs, max_length=None, stop_token_ids=None):
@@ -171,6 +172,12 @@ def test_text_stops_at_the_end_token_unless_told_otherwise(tokenizer):
         self.calls.append({"stop_token_ids": stop_token_ids})
         return inputs
 
+    # "auto" with no stop ids of the model's own: the tokenizer's end token.
+    generates_text(generate_with_its_own_default)(recorder, "To be")
+    assert recorder.calls[-1] == {"stop_token_ids": (1,)}
+    # A model with its own stop ids keeps "auto", which resolves to them.
+    recorder.stop_token_ids = (3,)
     generates_text(generate_with_its_own_default)(recorder, "To be")
     assert recorder.calls[-1] == {"stop_token_ids": "auto"}
+    recorder.stop_token_ids = ()
     assert generate(recorder, [[5, 6]]) == [[5, 6]]  # ids pass straight through

@@ -103,12 +103,31 @@ def test_keras_xf_reloads_the_written_folder(model, written):
     assert reloaded.generate(PROMPTS, max_length=20) == model.generate(PROMPTS, max_length=20)
 
 
-def test_a_model_without_a_preprocessor_writes_weights_and_config_only(tmp_path):
+def test_a_model_without_a_preprocessor_writes_no_tokenizer_files(tmp_path):
     path, _ = folders.write_llama_folder(tmp_path / "in", tokenizer=False)
     model = from_huggingface(path)
-    assert generation_config(model) is None
     to_huggingface(model, tmp_path / "out")
-    assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors"]
+    # Its stop ids (config.json's end id) are its generation config; no tokenizer files.
+    assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "generation_config.json",
+                                                   "model.safetensors"]
+    assert json.loads((tmp_path / "out" / "generation_config.json").read_text()) == {
+        "eos_token_id": 1}
+    model.stop_token_ids = None
+    assert generation_config(model) is None
+    to_huggingface(model, tmp_path / "bare")
+    assert sorted(os.listdir(tmp_path / "bare")) == ["config.json", "model.safetensors"]
+
+
+def test_the_model_stop_ids_are_the_written_end_ids(model, tmp_path):
+    assert model.stop_token_ids == (1,)  # the folder's eos_token_id
+    model.stop_token_ids = [1, 4]
+    try:
+        assert generation_config(model)["eos_token_id"] == [1, 4]
+        to_huggingface(model, tmp_path)
+        reference = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path))
+        assert reference.generation_config.eos_token_id == [1, 4]
+    finally:
+        model.stop_token_ids = [1]
 
 
 def test_a_seq2seq_generation_config_names_its_decoder_start(llama):
@@ -128,8 +147,11 @@ def test_write_tokenizer_files_refuses_another_tokenizer(tmp_path):
 
 
 def test_docstring_examples_run():
-    calls = folders.docstring_calls(generation_config)
-    assert calls
-    namespace = {"generation_config": generation_config}
-    for call in calls:
-        exec(call, namespace)
+    import doctest
+
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for test in finder.find(generation_config, "generation_config",
+                            globs={"generation_config": generation_config}):
+        runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0

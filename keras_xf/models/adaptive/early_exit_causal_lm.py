@@ -158,7 +158,7 @@ class EarlyExitCausalLM(CausalLM):
 
     # Adaptive-depth generation ------------------------------------------------------------
     @generates_text
-    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
+    def generate(self, inputs, max_length=None, stop_token_ids="auto", sampler=None,
                  use_cache=True, exit_criterion=None, exit_threshold=None,
                  return_exit_layers=False):
         """`CausalLM.generate`, with token-level adaptive depth when `exit_criterion` is given.

@@ -257,6 +257,45 @@ def check_model_inputs(model, inputs):
                 check_padding_mask(_Shaped(inputs[name]), _Shaped(inputs[ids]), name, ids)
 
 
+def check_token_ids(name, token_ids, vocabulary_size):
+    """Token ids (a numpy array or nested lists of ints) must lie in
+    `[0, vocabulary_size)`: an id outside gives NaN or another row's embedding on some
+    backends rather than an error."""
+    ids = np.asarray(token_ids)
+    if ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        return
+    bad = (ids < 0) | (ids >= vocabulary_size)
+    if np.any(bad):
+        values = np.unique(ids[bad])
+        shown = values[:10].tolist() + (["..."] if values.size > 10 else [])
+        raise ValueError(
+            f"{name} must hold ids in [0, {vocabulary_size}) (the vocabulary). Received: "
+            f"{name} with ids {shown} outside it"
+        )
+
+
+def check_input_token_ids(model, inputs):
+    """The ids of host inputs (numpy arrays and lists) against `model.token_vocabulary_sizes()`;
+    tensors are left alone (symbolic or traced ones cannot be read, and reading a device
+    tensor would wait for it)."""
+    sizes = model.token_vocabulary_sizes()
+    if not sizes:
+        return
+    if not isinstance(inputs, dict):
+        # A single input given bare: the model's one named input.
+        if not (isinstance(model.input, dict) and sorted(model.input) == sorted(sizes)):
+            return
+        inputs = {next(iter(sizes)): inputs}
+    for name, size in sizes.items():
+        value = inputs.get(name)
+        if isinstance(value, np.ndarray) or (isinstance(value, (list, tuple)) and value):
+            try:
+                value = np.asarray(value)
+            except ValueError:  # ragged lists: Keras' own checks refuse them
+                continue
+            check_token_ids(name, value, size)
+
+
 class _Shaped:
     """The shape of a tensor, array or nested list, for the shape checks."""
 

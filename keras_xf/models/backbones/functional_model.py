@@ -5,6 +5,7 @@ import keras
 from keras_xf.export import ExportEndpoints
 from keras_xf.export import export_model
 from keras_xf.export import input_specs
+from keras_xf.models.backbones.arguments import check_input_token_ids
 from keras_xf.models.backbones.arguments import check_model_inputs
 from keras_xf.models.backbones.task_preprocessing import preprocessed
 from keras_xf.models.backbones.task_preprocessing import preprocessed_validation
@@ -90,8 +91,11 @@ class FunctionalModel(keras.Model):
         return super().evaluate(x, y, *args, sample_weight=sample_weight, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        """Keras `predict`; with a preprocessor, `x` may be text."""
+        """Keras `predict`; with a preprocessor, `x` may be text. Token ids given as numpy
+        arrays or lists are checked against the vocabulary first (`token_vocabulary_sizes`),
+        since the step Keras compiles sees them only as traced tensors."""
         x, _, _ = preprocessed(self.preprocessor, x)
+        check_input_token_ids(self, x)
         return super().predict(x, *args, **kwargs)
 
     @classmethod
@@ -144,8 +148,19 @@ class FunctionalModel(keras.Model):
     def __call__(self, *args, **kwargs):
         # Checked before Keras' own input checks and any backend op, so that a bad input
         # raises the same ValueError, naming the input, on every backend.
-        check_model_inputs(self, args[0] if args else kwargs.get("inputs"))
+        inputs = args[0] if args else kwargs.get("inputs")
+        check_model_inputs(self, inputs)
+        check_input_token_ids(self, inputs)
         return super().__call__(*args, **kwargs)
+
+    def token_vocabulary_sizes(self):
+        """`{input name: vocabulary size}` of the inputs that hold token ids, which calls and
+        `predict` check to lie in `[0, size)` when given as numpy arrays or lists. A task
+        answers for its backbone's inputs; a backbone names its own (none by default)."""
+        if self.backbone is None or not isinstance(self.input, dict):
+            return {}
+        return {name: size for name, size in self.backbone.token_vocabulary_sizes().items()
+                if name in self.input}
 
 
 def layer_dtype(dtype):

@@ -151,6 +151,11 @@ class Seq2SeqBackbone(FunctionalModel):
         # Config
         record_config(self, locals())
 
+    def token_vocabulary_sizes(self):
+        """`FunctionalModel.token_vocabulary_sizes`: both token inputs index vocabularies."""
+        return {"encoder_token_ids": self.encoder_embeddings.vocabulary_size,
+                "decoder_token_ids": self.decoder_embeddings.vocabulary_size}
+
     def encode(self, encoder_token_ids, encoder_padding_mask, training=None):
         """Runs the encoder alone: `[B, S]` ids to `[B, S, d]` states."""
         check_padding_mask(encoder_padding_mask, encoder_token_ids, "encoder_padding_mask",

@@ -181,6 +181,10 @@ class TransformerBackbone(FunctionalModel):
         check_positive_int("output_length", output_length)
         return keras.KerasTensor((spec.shape[0], output_length, spec.shape[2]), dtype=spec.dtype)
 
+    def token_vocabulary_sizes(self):
+        """`FunctionalModel.token_vocabulary_sizes`: `token_ids` index the vocabulary."""
+        return {"token_ids": self.embeddings.vocabulary_size}
+
     @property
     def uses_segment_ids(self):
         """Whether the model takes a `segment_ids` input (`num_segments >= 2`)."""

@@ -16,6 +16,10 @@ from keras_xf.generation.prompts import pack_prompts
 from keras_xf.generation.sampling import SAMPLER_NAMES
 from keras_xf.generation.sampling import check_rule_sampler
 from keras_xf.generation.sampling import get_sampler
+from keras_xf.generation.sampling import limit_length
+from keras_xf.generation.sampling import restart_seed
+from keras_xf.generation.sampling import sampler_from_arguments
+from keras_xf.generation.sampling import with_repetition_penalty
 from keras_xf.generation.sampling import sample_with_stop_rule
 from keras_xf.generation.sampling import stops_on_tensor
 from keras_xf.generation.traced_loop import trace_decoding_step
@@ -25,8 +29,13 @@ from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.models.backbones.functional_model import FunctionalModel
 from keras_xf.models.generative.generation_arguments import build_stop_classifier
 from keras_xf.models.generative.generation_arguments import check_stop_margin
-from keras_xf.models.generative.generation_arguments import check_stop_token_ids
 from keras_xf.models.generative.text_generation import generates_text
+from keras_xf.models.generative.generation_arguments import bucketed_inputs
+from keras_xf.models.generative.generation_arguments import check_generate_inputs
+from keras_xf.models.generative.generation_arguments import check_repetition_penalty
+from keras_xf.models.generative.generation_arguments import output_length_request
+from keras_xf.models.generative.generation_defaults import GenerationDefaults
+from keras_xf.models.generative.streaming import StreamingGeneration
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
 from keras_xf.training.chunked_loss_model import chunked_loss_metrics
@@ -34,7 +43,7 @@ from keras_xf.ops.keras_internals import sublayers
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class GenerativeTask(FunctionalModel):
+class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
     """A functional task that generates tokens `y_i ~ P(y_i | y_<i, c)` one at a time with a
     cache, in one compiled loop (keras-hub's `CausalLM` base is the model).
 
@@ -83,7 +92,14 @@ class GenerativeTask(FunctionalModel):
         pad_token_id = check_positive_int("pad_token_id", pad_token_id, minimum=0)
         super().__init__(*args, **kwargs)
         self.pad_token_id = pad_token_id
+        self._default_stop_token_ids = ()
         self._set_sampler("greedy")
+
+    def token_vocabulary_sizes(self):
+        """`FunctionalModel.token_vocabulary_sizes`: the prompt ids (`prompt_keys[0]`) index
+        the output vocabulary."""
+        return {**super().token_vocabulary_sizes(),
+                self.prompt_keys[0]: self._output_embeddings.vocabulary_size}
 
     def compile(self, optimizer="auto", loss="auto", weighted_metrics="auto", sampler="greedy",
                 **kwargs):
@@ -130,8 +146,9 @@ class GenerativeTask(FunctionalModel):
 
     # Generation -----------------------------------------------------------------------
     @generates_text
-    def generate(self, inputs, max_length=None, stop_token_ids=None, sampler=None,
-                 use_cache=True, stop_classifier=None, stop_margin=0.0):
+    def generate(self, inputs, max_length=None, stop_token_ids="auto", sampler=None,
+                 use_cache=True, stop_classifier=None, stop_margin=0.0, *, max_new_tokens=None,
+                 temperature=None, top_k=None, top_p=None, seed=None, repetition_penalty=None):
         """Generates continuations of prompts with a cache, in one compiled loop.
 
         Args:
@@ -141,12 +158,12 @@ class GenerativeTask(FunctionalModel):
                 `pad_token_id` are padding), or a list of lists (ragged, every entry a
                 token): all give the same tokens.
             max_length: the output length; defaults to a prompt dict's width, else the
-                model's `max_sequence_length`.
+                model's `max_sequence_length`. Not with `max_new_tokens`.
             stop_token_ids: ids that end a row (generation stops when every row has one);
-                its mask ends after the first one generated.
-            sampler: a keras-hub sampler or its name; defaults to the one given to
-                `compile` (greedy). Calls with the same sampler (name, object or default),
-                stop ids and prefill length reuse one compiled function.
+                its mask ends after the first one generated. `"auto"` (the default): the
+                model's own `stop_token_ids` (a checkpoint's end ids); `None` or `()`: none.
+            sampler: a keras-hub sampler or its name (`"top_p"` keeps p = 0.9); defaults to
+                the one given to `compile` (greedy).
             use_cache: bool; `False` reruns the full forward pass at every step (the
                 reference for the cached path, which gives the same tokens).
             stop_classifier: optional `StopClassifier` `f_stop` (survey §5.6): after each
@@ -157,6 +174,29 @@ class GenerativeTask(FunctionalModel):
                 search.
             stop_margin: float `θ_stop` in [-1, 1], the margin of that rule (equivalently
                 `Pr(stop|s_i) ≥ (1 + θ_stop) / 2`); only with `stop_classifier`.
+            max_new_tokens: int, the output length as the longest prompt's length plus this
+                many tokens (transformers' argument); not with `max_length`.
+            temperature, top_k, top_p: sample instead of the default sampler, as
+                transformers' arguments do: top-p (nucleus) sampling when `top_p` is given
+                (among the `top_k` most likely tokens when that is given too), else top-k
+                sampling when `top_k` is, else sampling from the whole distribution;
+                `temperature` (default 1) divides the logits. `sampler` may name the kind
+                (`"random"`, `"top_k"`, `"top_p"`) but not be a sampler object then.
+            seed: int; the random sampler's generators restart from it at this call, so
+                equal seeds give equal tokens (as a fresh `TopKSampler(seed=seed)` would).
+                Without it draws go on from the sampler's state.
+            repetition_penalty: float > 0 (transformers' `repetition_penalty`): the logits
+                of tokens already in the row (prompt or generated) are divided by it where
+                positive and multiplied by it where negative, before the sampler reads
+                them; > 1 discourages repeats.
+
+        Calls share compiled programs: one per sampler (name, object, the compile default,
+        or the values of `temperature`, `top_k`, `top_p`; not the seed), stop ids, prefill
+        length (the shortest prompt's length rounded down to a power of two), stop
+        classifier and repetition penalty, and per output-length bucket: outputs are
+        computed in a buffer of the next power of two (at least 8, at most
+        `max_sequence_length` when the output fits), the loop stops at the length asked,
+        and the results are cut back to it (`generate_compile_count` counts the programs).
 
         Returns:
             The prompts' structure: a dict with ids and mask (prompts left-aligned, the mask
@@ -165,43 +205,75 @@ class GenerativeTask(FunctionalModel):
 
         Raises:
             ValueError, naming the argument: for prompts or extra inputs of the wrong rank,
-                shape or batch size, empty prompts, prompts longer than `max_length`, stop ids
-                outside the vocabulary, an unknown sampler, a `stop_classifier` that is not a
-                `StopClassifier` of the model's width or a `stop_margin` outside [-1, 1].
+                shape or batch size, empty prompts, prompt ids outside `[0,
+                vocabulary_size)`, prompts longer than `max_length`, an output longer than a
+                learned position table (`max_sequence_length`), both `max_length` and
+                `max_new_tokens`, stop ids outside the vocabulary, an unknown sampler,
+                sampling arguments that do not fit the sampler, a `seed` without a random
+                sampler, a `repetition_penalty` that is not a positive number, a
+                `stop_classifier` that is not a `StopClassifier` of the model's width or a
+                `stop_margin` outside [-1, 1].
+
+        Example:
+        >>> lm = CausalLM(vocabulary_size=50, num_layers=1, hidden_dim=16, num_heads=2,
+        ...               intermediate_dim=32, max_sequence_length=16)
+        >>> lm.stop_token_ids = [2]                 # the model's default stop id
+        >>> tokens = lm.generate([[5, 6, 7]], max_new_tokens=4)
+        >>> sampled = lm.generate([[5, 6, 7]], max_new_tokens=4, top_p=0.9, temperature=0.7,
+        ...                       seed=1, stop_token_ids=None)
+        >>> len(sampled[0])
+        7
         """
         if not isinstance(use_cache, bool):
             raise ValueError(f"use_cache must be a bool. Received: use_cache={use_cache!r}")
         stop_margin = check_stop_margin(stop_classifier, stop_margin)
         if stop_classifier is not None:
             self._build_stop_classifier(stop_classifier)
-        prompts, extras, unpack = self._generate_inputs(inputs, max_length)
-        batch_size = prompts.token_ids.shape[0]
-        for name, value in extras.items():
-            if value.shape[0] != batch_size:
-                raise ValueError(
-                    f"{name} and {self.prompt_keys[0]} need the same batch size. Received: "
-                    f"{name}.shape={value.shape} for {batch_size} prompts"
-                )
+        sampler = sampler_from_arguments(sampler, temperature, top_k, top_p)
+        repetition_penalty = check_repetition_penalty(repetition_penalty)
+        stop_token_ids = self._check_stop_token_ids(stop_token_ids)
+        prompts, extras, unpack = self._generate_inputs(
+            inputs, output_length_request(max_length, max_new_tokens))
+        self._check_generate_inputs(prompts, extras)
+        length = prompts.token_ids.shape[1]
         function = self.make_generate_function(
-            sampler, self._check_stop_token_ids(stop_token_ids), use_cache,
-            prompts.prefill_length if use_cache else None, stop_classifier, stop_margin,
-        )
+            sampler, stop_token_ids, use_cache,
+            prefill_length=prompts.prefill_length if use_cache else None,
+            stop_classifier=stop_classifier, stop_margin=stop_margin,
+            repetition_penalty=repetition_penalty)
+        if seed is not None:
+            restart_seed(self._resolve_sampler(sampler), seed)
+        packed = self._bucketed_inputs(prompts, extras)
+        self._generate_functions.count_program(function, packed.values())
+        outputs = function({key: ops.convert_to_tensor(value) for key, value in packed.items()},
+                           ops.convert_to_tensor(length, "int32"))
         ids_key, mask_key = self.prompt_keys
-        packed = {ids_key: prompts.token_ids, mask_key: prompts.padding_mask, **extras}
-        outputs = function({key: ops.convert_to_tensor(value) for key, value in packed.items()})
-        return unpack(outputs[ids_key], outputs[mask_key])
+        return unpack(ops.convert_to_numpy(outputs[ids_key])[:, :length],
+                      ops.convert_to_numpy(outputs[mask_key])[:, :length])
+
+    def _check_generate_inputs(self, prompts, extras):
+        check_generate_inputs(self.prompt_keys[0], prompts, extras, self._output_embeddings)
+
+    def _bucketed_inputs(self, prompts, extras):
+        return bucketed_inputs(prompts, extras, self.prompt_keys, self.pad_token_id,
+                               self._output_embeddings.max_sequence_length)
 
     def make_generate_function(self, sampler=None, stop_token_ids=None, use_cache=True,
-                               prefill_length=None, stop_classifier=None, stop_margin=0.0):
+                               prefill_length=None, stop_classifier=None, stop_margin=0.0,
+                               repetition_penalty=None):
         """The compiled `generate_step` for these settings, made once and kept (reset by
-        `compile`): keyed by the sampler (its name, the object, or the compile default),
-        the stop ids, the cache flag, the prefill length, the stop classifier and margin."""
+        `compile`): keyed by the sampler (its name, `SamplerSpec`, the object, or the compile
+        default), the stop ids, the cache flag, the prefill length, the stop classifier and
+        margin, and the repetition penalty. The function takes the packed inputs and the
+        output length (an int32 scalar tensor, at most their width: the loop stops there)."""
         sampler_key = self._default_sampler_key if sampler is None else sampler
         key = (sampler_key, stop_token_ids, use_cache, prefill_length)
         if stop_classifier is not None:
             key += (stop_classifier, stop_margin)
+        if repetition_penalty is not None:
+            key += (("repetition_penalty", repetition_penalty),)
         if key not in self._generate_functions:
-            resolved = self.sampler if sampler is None else get_sampler(sampler)
+            resolved = self._resolve_sampler(sampler)
             owner = self._loop_variables(stop_classifier)
             if stop_classifier is not None:
                 check_rule_sampler(resolved)
@@ -210,15 +282,20 @@ class GenerativeTask(FunctionalModel):
 
             # A partial rather than a closure: TensorFlow counts traces per function code,
             # so the closures of every model and setting would add up to a retracing warning.
-            step = functools.partial(self.generate_step, stop_token_ids=stop_token_ids,
+            step = functools.partial(self._bounded_generate_step, stop_token_ids=stop_token_ids,
                                      sampler=resolved, use_cache=use_cache,
                                      prefill_length=prefill_length,
-                                     stop_classifier=stop_classifier, stop_margin=stop_margin)
+                                     stop_classifier=stop_classifier, stop_margin=stop_margin,
+                                     repetition_penalty=repetition_penalty)
             self._generate_functions[key] = compile_generate_function(owner, step, resolved)
         return self._generate_functions[key]
 
+    def _bounded_generate_step(self, inputs, output_length, **settings):
+        return self.generate_step(inputs, output_length=output_length, **settings)
+
     def generate_step(self, inputs, stop_token_ids=None, sampler=None, use_cache=True,
-                      prefill_length=None, stop_classifier=None, stop_margin=0.0):
+                      prefill_length=None, stop_classifier=None, stop_margin=0.0,
+                      output_length=None, repetition_penalty=None):
         """A compilable generation of one packed batch.
 
         Args:
@@ -237,6 +314,11 @@ class GenerativeTask(FunctionalModel):
             stop_classifier: optional built `StopClassifier`; with it a row also ends where
                 `stop_by_margin(Pr(stop|s_i), stop_margin)` holds at a generated position.
             stop_margin: float, `θ_stop`.
+            output_length: `None` (the inputs' width), or an int32 scalar tensor at most
+                that width: the loop ends there and the positions past it stay unwritten
+                (outputs computed in a wider compile bucket).
+            repetition_penalty: `None`, or a float > 0 applied to the logits of the tokens
+                already in each row (`keras_xf.generation.penalize_repetition`).
 
         Returns:
             A dict with the ids and the output mask under `prompt_keys`.
@@ -251,28 +333,8 @@ class GenerativeTask(FunctionalModel):
         context = self._generation_context(**extras)
         hidden = None
         if use_cache:
-            cache = self._init_generation_cache(batch_size, max_length, context)
-            if prefill_length is None and self._has_recurrent_cache():
-                prefill_length = 1
-            if prefill_length is None or not isinstance(prefill_length, (int, np.integer)):
-                # Positions past the loop's start are written again by the loop.
-                hidden, cache = self._prefill(token_ids, cache, context)
-                if prefill_length is not None:
-                    index = ops.cast(prefill_length, "int32")
-            else:
-                # The loop's first step feeds the token at `prefill_length - 1`, so the pass
-                # fills the positions before it: every token enters the cache once.
-                filled = prefill_length - 1
-                prefix = ops.slice(token_ids, (0, 0), (batch_size, filled)) if filled else None
-                hidden, cache = self._prefill(prefix, cache, context)
-                width = self._output_embeddings.embedding_dim
-                if hidden is None:
-                    hidden = ops.zeros((batch_size, max_length, width),
-                                       self._generation_stack.compute_dtype)
-                else:
-                    # Samplers that read hidden states expect one per output position.
-                    hidden = ops.pad(hidden, ((0, 0), (0, max_length - filled), (0, 0)))
-                index = prefill_length
+            cache, hidden, index = self._prefilled_cache(token_ids, context, prefill_length,
+                                                         index)
             # A sampler whose whole loop body is traced needs no trace of the step inside it.
             traced_body = traces_whole_loop_body(sampler)
             next_logits = self._decode_step if traced_body else self._traced_decode_step
@@ -280,6 +342,10 @@ class GenerativeTask(FunctionalModel):
             # `c` travels as the loop state so that beam search repeats it with the rows.
             cache = context
             next_logits = self._uncached_step
+        if repetition_penalty is not None:
+            next_logits = with_repetition_penalty(next_logits, repetition_penalty)
+        if output_length is not None:
+            sampler = limit_length(sampler, ops.cast(output_length, "int32"))
         tensor_stops = stop_token_ids is not None and not isinstance(stop_token_ids, tuple)
         # With a stop classifier the rule's loop condition checks the stop ids itself.
         loop_stops = None if tensor_stops or stop_classifier is not None else stop_token_ids
@@ -310,6 +376,37 @@ class GenerativeTask(FunctionalModel):
             # rows went on to do.
             token_ids = ops.where(output_mask, token_ids, ops.cast(self.pad_token_id, token_ids.dtype))
         return {ids_key: token_ids, mask_key: output_mask}
+
+    def _prefilled_cache(self, token_ids, context, prefill_length, index):
+        """The loop's starting state `(cache, hidden, index)`: the empty cache filled by one
+        parallel pass over `c` and the prompt tokens before the loop's first position (see
+        `generate_step`'s `prefill_length`; `index` is the shortest prompt's length, the
+        start when `prefill_length` is `None`)."""
+        batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        hidden = None
+        cache = self._init_generation_cache(batch_size, max_length, context)
+        if prefill_length is None and self._has_recurrent_cache():
+            prefill_length = 1
+        if prefill_length is None or not isinstance(prefill_length, (int, np.integer)):
+            # Positions past the loop's start are written again by the loop.
+            hidden, cache = self._prefill(token_ids, cache, context)
+            if prefill_length is not None:
+                index = ops.cast(prefill_length, "int32")
+        else:
+            # The loop's first step feeds the token at `prefill_length - 1`, so the pass
+            # fills the positions before it: every token enters the cache once.
+            filled = prefill_length - 1
+            prefix = ops.slice(token_ids, (0, 0), (batch_size, filled)) if filled else None
+            hidden, cache = self._prefill(prefix, cache, context)
+            width = self._output_embeddings.embedding_dim
+            if hidden is None:
+                hidden = ops.zeros((batch_size, max_length, width),
+                                   self._generation_stack.compute_dtype)
+            else:
+                # Samplers that read hidden states expect one per output position.
+                hidden = ops.pad(hidden, ((0, 0), (0, max_length - filled), (0, 0)))
+            index = prefill_length
+        return cache, hidden, index
 
     def _decode_step(self, prompt, cache, index):
         """The cached step of the loop: feeds the token at `index - 1`; returns the logits
@@ -369,10 +466,6 @@ class GenerativeTask(FunctionalModel):
         """Checks that `stop_classifier` is a `StopClassifier` for the model's top-layer
         states, building it for their width when it is not built yet."""
         return build_stop_classifier(stop_classifier, self._output_embeddings.embedding_dim)
-
-    def _check_stop_token_ids(self, stop_token_ids):
-        """A tuple of ints inside the vocabulary, or `None` for none."""
-        return check_stop_token_ids(stop_token_ids, self._output_embeddings.vocabulary_size)
 
     # What the model exports ----------------------------------------------------------------
     def export_endpoints(self):

@@ -16,10 +16,11 @@ def generates_text(generate):
     prompt gives a string and a list of prompts a list of strings.
 
     `max_length` defaults to the preprocessor's output length (`sequence_length`, or a
-    seq2seq preprocessor's `decoder_sequence_length`) rather than the model's. While
-    `generate`'s own default for `stop_token_ids` is `None`, text stops at the tokenizer's end
-    token unless the call names its stop ids (keras-hub's behaviour); a `generate` with
-    another default keeps it. Every other argument reaches `generate` as given. Each text is
+    seq2seq preprocessor's `decoder_sequence_length`) rather than the model's, unless the
+    call gives `max_new_tokens`. When the call leaves `stop_token_ids` at `"auto"` and the
+    model has no stop ids of its own (`model.stop_token_ids`, a checkpoint's end ids), text
+    stops at the tokenizer's end token (keras-hub's behaviour). Every other argument reaches
+    `generate` as given. Each text is
     cut at its first end token past its prompt and loses its padding and special tokens. Ids
     pass straight through; text without a preprocessor raises a `ValueError`.
 
@@ -29,8 +30,6 @@ def generates_text(generate):
     (a list per text, aligned with its generated ids; a single string's own row).
     """
     signature = inspect.signature(generate)
-    stop_parameter = signature.parameters.get("stop_token_ids")
-    stops_by_default = stop_parameter.default if stop_parameter is not None else ()
 
     @functools.wraps(generate)
     def wrapper(self, inputs, *args, **kwargs):
@@ -45,10 +44,11 @@ def generates_text(generate):
             )
         prompts = preprocessor.generate_preprocess(inputs)
         arguments = signature.bind(self, prompts, *args, **kwargs).arguments
-        if arguments.get("max_length") is None:
+        if arguments.get("max_length") is None and arguments.get("max_new_tokens") is None:
             arguments["max_length"] = preprocessor.generation_length
         end = preprocessor.tokenizer.end_token_id
-        if "stop_token_ids" not in arguments and stops_by_default is None and end is not None:
+        if ("stop_token_ids" not in arguments and not self.stop_token_ids
+                and end is not None):
             arguments["stop_token_ids"] = (end,)
         outputs = generate(**arguments)
         others = None
