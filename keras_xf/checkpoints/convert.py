@@ -142,9 +142,9 @@ def to_huggingface(model, directory, family=None, dtype=None):
     A model whose preprocessor holds a `HuggingFaceTokenizer` also gets its tokenizer as
     `transformers` 5 saves one (`tokenizer.json` without padding or truncation,
     `tokenizer_config.json` with the special tokens, `chat_template.jinja` when it has a
-    template); a generating model with a preprocessor gets a `generation_config.json` with
-    its tokenizer's start, end and padding ids (`generation_config`). A model without a
-    preprocessor gets the config and the weights alone.
+    template); a generating model gets a `generation_config.json` with its stop ids (else its
+    tokenizer's end token) and its tokenizer's start and padding ids (`generation_config`).
+    A model with neither a preprocessor nor stop ids gets the config and the weights alone.
 
     Args:
         model: a keras_xf task model that one of the families expresses (or, for BERT, a
