@@ -18,7 +18,10 @@ from keras_xf.checkpoints import vit
 from keras_xf.checkpoints.deferred_variables import built_without_values
 from keras_xf.checkpoints.deferred_variables import initialize_unfilled
 from keras_xf.checkpoints.folder_preprocessor import folder_preprocessor
+from keras_xf.checkpoints.generation_config import generation_config
 from keras_xf.checkpoints.safetensors_folder import SafetensorsFolder
+from keras_xf.checkpoints.tokenizer_files import model_tokenizer
+from keras_xf.checkpoints.tokenizer_files import write_tokenizer_files
 from keras_xf.models import GenerativeTask
 from keras_xf.checkpoints.sentence_transformers import SentenceTransformersFolder
 from keras_xf.checkpoints.sentence_transformers import is_sentence_transformers_folder
@@ -192,7 +195,15 @@ def load_checkpoint(folder, dtype=None):
 
 def to_huggingface(model, directory, family=None, dtype=None):
     """Writes `model` as a Hugging Face checkpoint folder (`config.json`, `model.safetensors`)
-    that `transformers` loads with equal outputs.
+    that `transformers` loads with equal outputs; with the text files of its preprocessor,
+    so `transformers`' pipeline runs on the folder.
+
+    A model whose preprocessor holds a `HuggingFaceTokenizer` also gets its tokenizer as
+    `transformers` 5 saves one (`tokenizer.json` without padding or truncation,
+    `tokenizer_config.json` with the special tokens, `chat_template.jinja` when it has a
+    template); a generating model gets a `generation_config.json` with its stop ids (else its
+    tokenizer's end token) and its tokenizer's start and padding ids (`generation_config`).
+    A model with neither a preprocessor nor stop ids gets the config and the weights alone.
 
     Args:
         model: a keras_xf task model that one of the families expresses (or, for BERT, a
@@ -206,6 +217,11 @@ def to_huggingface(model, directory, family=None, dtype=None):
 
     Returns:
         The architecture written (`"MistralForCausalLM"`, ...), as its config names it.
+
+    Example:
+    >>> model = from_huggingface("path/to/llama")  # doctest: +SKIP
+    >>> to_huggingface(model, "path/to/out")  # doctest: +SKIP
+    'LlamaForCausalLM'
     """
     try:
         from safetensors.numpy import save_file
@@ -232,5 +248,18 @@ def to_huggingface(model, directory, family=None, dtype=None):
             json.dump(config, file, indent=2)
         save_file(tensors, os.path.join(directory, "model.safetensors"),
                   metadata={"format": "pt"})
+        write_text_files(model, directory)
         return config["architectures"][0]
     raise ValueError(f"No checkpoint family expresses this {type(model).__name__}: {reasons}")
+
+
+def write_text_files(model, directory):
+    """Writes the tokenizer files and the generation config of `model` (see
+    `to_huggingface`) into `directory`, when it carries them."""
+    tokenizer = model_tokenizer(model)
+    if tokenizer is not None:
+        write_tokenizer_files(tokenizer, directory)
+    generation = generation_config(model)
+    if generation is not None:
+        with open(os.path.join(directory, "generation_config.json"), "w") as file:
+            json.dump(generation, file, indent=2)

@@ -11,3 +11,4 @@ from keras_xf.preprocessing.preprocessor import text_tokenizer
 from keras_xf.preprocessing.seq2seq_lm_preprocessor import Seq2SeqLMPreprocessor
 from keras_xf.preprocessing.text_classifier_preprocessor import TextClassifierPreprocessor
 from keras_xf.preprocessing.text_inputs import is_text
+from keras_xf.preprocessing.text_inputs import text_list

@@ -18,6 +18,7 @@ from keras_xf.models.backbones.arguments import check_exit_loss_weights
 from keras_xf.models.backbones.arguments import task_backbone
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
 from keras_xf.models.generative.causal_lm import CausalLM
+from keras_xf.models.generative.text_generation import generates_text
 from keras_xf.ops.exit_criteria import check_exit_rule
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
 from keras_xf.training.early_exit_loss import EarlyExitLoss
@@ -156,13 +157,15 @@ class EarlyExitCausalLM(CausalLM):
                         sampler=sampler, **kwargs)
 
     # Adaptive-depth generation ------------------------------------------------------------
+    @generates_text
     def generate(self, inputs, max_length=None, stop_token_ids="auto", sampler=None,
                  use_cache=True, exit_criterion=None, exit_threshold=None,
                  return_exit_layers=False):
         """`CausalLM.generate`, with token-level adaptive depth when `exit_criterion` is given.
 
         Args:
-            inputs, max_length, stop_token_ids, sampler, use_cache: as `CausalLM.generate`.
+            inputs, max_length, stop_token_ids, sampler, use_cache: as `CausalLM.generate`
+                (text too, with a preprocessor: a string gives a string, a list a list).
             exit_criterion: `None` (every token runs every layer: `CausalLM.generate`),
                 `"entropy"`, `"max_probability"`, `"state_similarity"` or `"patience"`.
             exit_threshold: the criterion's threshold (entropy in nats, a probability, a
@@ -174,7 +177,9 @@ class EarlyExitCausalLM(CausalLM):
             pair `(tokens, exit_layers)`: int32 exit layers (1 … L) aligned with the
             left-aligned output ids, `[B, max_length]` for dict and array prompts (a list
             per row, or one array, aligned with list and 1-D results), 0 on prompt tokens
-            and on positions past a row's end.
+            and on positions past a row's end. Text prompts give `(text, exit_layers)`: the
+            exit layers of each prompt's ids (a list per text, one list for a string),
+            aligned with the generated ids the text is decoded from.
 
         Raises:
             ValueError, naming the argument: as `CausalLM.generate`; for an unknown

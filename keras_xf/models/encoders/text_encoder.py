@@ -1,6 +1,7 @@
 """Encoder-only model producing one embedding per sequence (survey §6)."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_xf.layers.heads.pooling import Pooling
@@ -13,8 +14,10 @@ from keras_xf.models.backbones.presets import preset_config
 from keras_xf.models.backbones.task_preprocessing import preprocessed
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
 from keras_xf.models.backbones.transformer_backbone import pooled_states
-from keras_xf.preprocessing import TextClassifierPreprocessor
+from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import get_activation
+from keras_xf.preprocessing import TextClassifierPreprocessor
+from keras_xf.preprocessing import text_list
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -34,8 +37,8 @@ class TextEncoder(FunctionalModel):
         projection_activation: optional activation of that projection (linear by default).
         normalize: bool, L2-normalise the embedding (cosine similarity = dot product).
         preprocessor: optional `keras_xf.preprocessing.TextClassifierPreprocessor`; with it
-            `predict`, `fit`, `evaluate` and `similarity` also take texts. `None` (default):
-            ids.
+            `predict`, `fit`, `evaluate` and `similarity` also take texts, and `encode`
+            embeds a list of strings. `None` (default): ids.
         **kwargs: backbone arguments, or `name` / `dtype`.
 
     Inputs: `{"token_ids", "padding_mask"}`, and `"segment_ids"` when the backbone takes
@@ -95,6 +98,55 @@ class TextEncoder(FunctionalModel):
     def from_preset(cls, preset, **overrides):
         """An untrained encoder with a named architecture, e.g. `"bert_base"`."""
         return cls(**preset_config(preset, "text_encoder", **overrides))
+
+    def encode(self, texts, batch_size=32):
+        """The embeddings of texts, computed in batches on the host: sentence-transformers'
+        `encode`.
+
+        Each batch of at most `batch_size` texts goes through the preprocessor (packed to its
+        `sequence_length`) and the model; a last, smaller batch is padded with copies of its
+        first text to the size of the others, so every batch has one shape and compiles once.
+
+        Args:
+            texts: a string, or a list, tuple or 1-D array of strings.
+            batch_size: positive int, the most texts run at once.
+
+        Returns:
+            float32 NumPy embeddings: `[N, d]` for N texts, `[d]` for a single string (`d`
+            the model's output width: `projection_dim`, else the hidden width).
+
+        Raises:
+            ValueError: without a preprocessor, naming `preprocessor`; for `texts` that are
+                not strings or a `batch_size` that is not a positive int, naming them.
+
+        Example:
+        >>> import keras_hub
+        >>> from keras_xf.preprocessing import TextClassifierPreprocessor
+        >>> encoder = TextEncoder(
+        ...     vocabulary_size=256, num_layers=1, hidden_dim=16, num_heads=2,
+        ...     intermediate_dim=32, preprocessor=TextClassifierPreprocessor(
+        ...         keras_hub.tokenizers.ByteTokenizer(), sequence_length=32))
+        >>> encoder.encode(["To be, or not to be", "that is the question"]).shape
+        (2, 16)
+        """
+        if self.preprocessor is None:
+            raise ValueError(
+                "encode takes text only with a preprocessor (a TextClassifierPreprocessor: "
+                "preprocessor=, or a folder with tokenizer.json); for token ids, call "
+                "predict. Received: preprocessor=None"
+            )
+        rows = text_list(texts)
+        batch_size = min(check_positive_int("batch_size", batch_size), len(rows))
+        embeddings = []
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start:start + batch_size]
+            # The last batch, padded to the others' size: one shape, one compiled function.
+            padded = batch + [batch[0]] * (batch_size - len(batch))
+            inputs, _, _ = preprocessed(self.preprocessor, padded)
+            output = ops.convert_to_numpy(self.predict_on_batch(inputs))
+            embeddings.append(np.asarray(output, "float32")[: len(batch)])
+        embeddings = np.concatenate(embeddings)
+        return embeddings[0] if isinstance(texts, (str, bytes)) else embeddings
 
     def similarity(self, inputs_a, inputs_b):
         """Cosine similarity of the embeddings of two batches (ids, or texts with a

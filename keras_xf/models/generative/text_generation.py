@@ -23,6 +23,11 @@ def generates_text(generate):
     `generate` as given. Each text is
     cut at its first end token past its prompt and loses its padding and special tokens. Ids
     pass straight through; text without a preprocessor raises a `ValueError`.
+
+    A `generate` that returns a tuple (the ids first, then results per row, such as
+    `EarlyExitCausalLM`'s exit layers with `return_exit_layers=True`) gives a tuple: the text
+    first, then the other results as that `generate` gives them for the prompts' id lists
+    (a list per text, aligned with its generated ids; a single string's own row).
     """
     signature = inspect.signature(generate)
 
@@ -46,7 +51,13 @@ def generates_text(generate):
                 and end is not None):
             arguments["stop_token_ids"] = (end,)
         outputs = generate(**arguments)
+        others = None
+        if isinstance(outputs, tuple):
+            outputs, *others = outputs
         texts = preprocessor.generate_postprocess(outputs, prompts)
-        return texts[0] if isinstance(inputs, (str, bytes)) else texts
+        if isinstance(inputs, (str, bytes)):
+            texts = texts[0]
+            others = None if others is None else [rows[0] for rows in others]
+        return texts if others is None else (texts, *others)
 
     return wrapper
