@@ -127,6 +127,14 @@ def test_embeddings_equal_sentence_transformers(case):
         np.testing.assert_allclose(np.linalg.norm(actual, axis=-1), 1.0, atol=1e-6)
 
 
+def test_text_embeddings_equal_sentence_transformers(case):
+    """The folder's tokenizer comes with the model: `encode` on text is `encode` on text."""
+    name, folder, expected, model = case
+    assert model.preprocessor is not None
+    np.testing.assert_allclose(model.encode(TEXTS, batch_size=2), expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(model.encode(TEXTS[0]), expected[0], atol=1e-5, rtol=0)
+
+
 def test_padded_positions_do_not_change_the_embedding(case):
     name, folder, expected, model = case
     # Four more positions holding a real token's id, masked out.
