@@ -12,18 +12,18 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 st = pytest.importorskip("sentence_transformers")
-modules = pytest.importorskip("sentence_transformers.sentence_transformer.modules")
 
 from keras_xf.checkpoints import from_huggingface  # noqa: E402
 from keras_xf.checkpoints import sentence_transformers_settings  # noqa: E402
 from keras_xf.checkpoints.sentence_transformers import pooling_mode  # noqa: E402
 from keras_xf.models import TextEncoder  # noqa: E402
-from tests.checkpoints.hf_checks import perturbed  # noqa: E402
+from tests.checkpoints.sentence_folders import MAX_LENGTH  # noqa: E402
+from tests.checkpoints.sentence_folders import WIDTH  # noqa: E402
+from tests.checkpoints.sentence_folders import WORDS  # noqa: E402
+from tests.checkpoints.sentence_folders import wordpiece_tokenizer as _tokenizer  # noqa: E402
+from tests.checkpoints.sentence_folders import write_sentence_folder as _save  # noqa: E402
+from tests.checkpoints.sentence_folders import write_transformer_folder as _transformer_folder  # noqa: E402,E501
 
-WIDTH, MAX_LENGTH = 16, 24
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
-    "the a cat dog sat on mat ran far and big small red blue over under fox jumped "
-    "quick brown lazy ##s ##ed ##ing").split()
 TEXTS = ["The cat sat on the mat", "A dog", "quick brown fox jumped over the lazy dogs",
          "Red and blue"]
 # Each case: pooling mode, Dense module arguments (or None), Normalize.
@@ -36,55 +36,9 @@ CASES = {
 }
 
 
-def _tokenizer():
-    models, normalizers, pre_tokenizers, processors = (
-        tokenizers.models, tokenizers.normalizers, tokenizers.pre_tokenizers,
-        tokenizers.processors)
-    tokenizer = tokenizers.Tokenizer(models.WordPiece({w: i for i, w in enumerate(WORDS)},
-                                                      unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    return tokenizer
-
-
-def _transformer_folder(folder, architecture="bert"):
-    """A perturbed two-layer `BertModel` (with its pooler), or a one-layer `RobertaModel`
-    (padding id 0: positions from 1), and the tokenizer."""
-    sizes = dict(vocab_size=len(WORDS), hidden_size=WIDTH, num_attention_heads=2,
-                 intermediate_size=32, hidden_dropout_prob=0.0,
-                 attention_probs_dropout_prob=0.0)
-    if architecture == "bert":
-        model = transformers.BertModel(transformers.BertConfig(
-            **sizes, num_hidden_layers=2, max_position_embeddings=32))
-    else:
-        model = transformers.RobertaModel(transformers.RobertaConfig(
-            **sizes, num_hidden_layers=1, max_position_embeddings=34, pad_token_id=0,
-            type_vocab_size=1))
-    torch.manual_seed(0)
-    perturbed(model).save_pretrained(folder)
-    transformers.BertTokenizerFast(
-        tokenizer_object=_tokenizer(), unk_token="[UNK]", pad_token="[PAD]",
-        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def transformer_folder(tmp_path_factory):
     return _transformer_folder(tmp_path_factory.mktemp("bert"))
-
-
-def _save(transformer_folder, folder, pooling, dense=None, normalize=False, seed=1):
-    stack = [modules.Transformer(str(transformer_folder), max_seq_length=MAX_LENGTH),
-             modules.Pooling(WIDTH, pooling_mode=pooling)]
-    if dense is not None:
-        torch.manual_seed(seed)
-        stack.append(perturbed(modules.Dense(WIDTH, **dense), seed))
-    if normalize:
-        stack.append(modules.Normalize())
-    st.SentenceTransformer(modules=stack, device="cpu").save(str(folder))
-    return folder
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

@@ -17,6 +17,9 @@ _ALLOWED = {
     "ops/gradients.py",  # vector-Jacobian products, which keras.ops lacks
     "ops/moe.py",  # the experts' matmuls: one MatMul per group on TensorFlow
     "ops/time_loop.py",  # the loop over time of the scans, linear in the steps
+    # keras-hub's tokenizers run on TensorFlow (tf.text) whatever the backend, and return
+    # its ragged tensors
+    "preprocessing/keras_hub_tokenizer.py",
 }
 _ALLOWED_FOLDERS = ("export/",)  # SavedModel, ONNX and .pt2 programs are backend artefacts
 _FRAMEWORKS = {"tensorflow", "jax", "jaxlib", "torch"}

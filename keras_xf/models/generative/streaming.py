@@ -2,7 +2,6 @@
 
 import functools
 
-import keras
 import numpy as np
 from keras import ops
 
@@ -116,9 +115,8 @@ class StreamingGeneration:
         """One position of keras-hub's sampling loop body: the cached step at `index`, the
         sampler's token (prompt tokens kept) written into `token_ids`. Returns the new ids,
         the cache and the tokens `[B]`."""
-        decode = self._decode_step if keras.config.backend() != "torch" else (
-            self._traced_decode_step)
-        logits, _, cache = decode(token_ids, cache, index)
+        # The step traced once per shape on PyTorch (`trace_decoding_step`), itself elsewhere.
+        logits, _, cache = self._traced_decode_step(token_ids, cache, index)
         if repetition_penalty is not None:
             logits = penalize_repetition(logits, token_ids, index, repetition_penalty)
         tokens = sampler.get_next_token(sampler.compute_probabilities(logits))
