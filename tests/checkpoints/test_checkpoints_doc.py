@@ -1,0 +1,52 @@
+"""`docs/checkpoints.md`'s snippets run as written on the current backend, their paths naming
+tiny folders that the test writes the way `transformers` and `sentence-transformers` write
+real ones."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from tests.markdown import compiled
+from tests.markdown import python_blocks
+
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md"
+
+
+def run_block(source, line, folders):
+    for name, path in folders.items():
+        assert f'"{name}"' in source, name
+        source = source.replace(f'"{name}"', repr(str(path)))
+    namespace = {"__name__": "checkpoints_doc"}
+    exec(compiled(str(PAGE), line, source), namespace)
+    return namespace
+
+
+def test_page_has_the_two_snippets():
+    assert len(python_blocks(str(PAGE))) == 2
+
+
+def test_load_generate_fit_and_write_back(tmp_path, capsys):
+    from tests.preprocessing.folders import write_llama_folder
+
+    llama, _ = write_llama_folder(tmp_path / "llama")
+    line, source = python_blocks(str(PAGE))[0]
+    namespace = run_block(source, line, {"path/to/llama": llama, "path/to/out": tmp_path / "out"})
+    assert "To be, or" in capsys.readouterr().out
+    assert namespace["model"].preprocessor is not None
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (tmp_path / "out" / name).exists(), name
+
+
+def test_sentence_embeddings(tmp_path):
+    pytest.importorskip("sentence_transformers")
+    from tests.checkpoints.sentence_folders import write_sentence_folder
+    from tests.checkpoints.sentence_folders import write_transformer_folder
+
+    folder = write_sentence_folder(write_transformer_folder(tmp_path / "bert"),
+                                   tmp_path / "sentences", "mean", normalize=True)
+    line, source = python_blocks(str(PAGE))[1]
+    namespace = run_block(source, line, {"path/to/all-MiniLM-L6-v2": folder})
+    assert namespace["embeddings"].shape == (2, 16)
+    np.testing.assert_allclose(np.linalg.norm(namespace["embeddings"], axis=-1), 1.0, atol=1e-5)
+    assert namespace["settings"]["max_seq_length"] == 24
