@@ -341,9 +341,9 @@ def from_keras_hub(backbone, dtype=None):
             biases or with non-square images).
 
     Example:
-    >>> backbone = keras_hub.models.BertBackbone.from_preset(
-    ...     "bert_tiny_en_uncased")  # doctest: +SKIP
-    >>> encoder = from_keras_hub(backbone)  # doctest: +SKIP
+    >>> backbone = keras_hub.models.BertBackbone(vocabulary_size=100, num_layers=1,
+    ...     num_heads=2, hidden_dim=16, intermediate_dim=32)  # or .from_preset(name)
+    >>> encoder = from_keras_hub(backbone)
     """
     try:
         exported = keras_hub_exported_backbones()
