@@ -25,6 +25,7 @@ from keras_xf.checkpoints.tokenizer_files import write_tokenizer_files
 from keras_xf.models import GenerativeTask
 from keras_xf.checkpoints.sentence_transformers import SentenceTransformersFolder
 from keras_xf.checkpoints.sentence_transformers import is_sentence_transformers_folder
+from keras_xf.checkpoints.sentence_transformers import sentence_transformers_settings
 from keras_xf.checkpoints.tensor_map import Entry
 from keras_xf.checkpoints.tensor_map import TensorMap
 from keras_xf.checkpoints.tensor_map import copy
@@ -103,10 +104,14 @@ def from_huggingface(directory, dtype=None):
     >>> model = from_huggingface("path/to/llama")  # doctest: +SKIP
     >>> model.generate(["To be, or"], max_length=32)  # doctest: +SKIP
     """
+    # A folder's own length limit, which its library truncates to (sentence-transformers'
+    # `max_seq_length`); none for other folders.
+    max_length = None
     if is_sentence_transformers_folder(directory):
         modules = SentenceTransformersFolder(directory)
         model = _load_sentence_transformer(modules, dtype)
         tokenizer_directory = modules.transformer_directory
+        max_length = sentence_transformers_settings(directory)["max_seq_length"]
     else:
         folder = SafetensorsFolder(directory)
         model = load_checkpoint(folder, dtype=dtype)
@@ -114,7 +119,8 @@ def from_huggingface(directory, dtype=None):
             model.stop_token_ids = end_token_ids(folder.directory, folder.config,
                                                  model.token_vocabulary_sizes())
         tokenizer_directory = os.fspath(directory)
-    preprocessor = folder_preprocessor(model, tokenizer_directory)
+    preprocessor = folder_preprocessor(model, tokenizer_directory, max_length=max_length,
+                                       truncate=max_length is not None)
     if preprocessor is not None:
         model.preprocessor = preprocessor
     return model

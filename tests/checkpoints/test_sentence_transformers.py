@@ -89,6 +89,15 @@ def test_text_embeddings_equal_sentence_transformers(case):
     np.testing.assert_allclose(model.encode(TEXTS[0]), expected[0], atol=1e-5, rtol=0)
 
 
+def test_long_text_is_cut_at_max_seq_length_as_sentence_transformers_cuts_it(case):
+    name, folder, expected, model = case
+    long_text = " ".join(["the quick brown fox jumped over the lazy dog"] * 4)  # > 24 tokens
+    assert len(_tokenizer().encode(long_text).ids) > MAX_LENGTH
+    reference = st.SentenceTransformer(str(folder), device="cpu").encode([long_text])
+    assert model.preprocessor.sequence_length == MAX_LENGTH
+    np.testing.assert_allclose(model.encode([long_text]), reference, atol=1e-5, rtol=0)
+
+
 def test_padded_positions_do_not_change_the_embedding(case):
     name, folder, expected, model = case
     # Four more positions holding a real token's id, masked out.
