@@ -9,7 +9,6 @@ pytest.importorskip("tokenizers")
 
 from keras_xf.models import EarlyExitCausalLM  # noqa: E402
 from keras_xf.preprocessing import CausalLMPreprocessor  # noqa: E402
-from keras_xf.preprocessing import HuggingFaceTokenizer  # noqa: E402
 from tests.preprocessing import folders  # noqa: E402
 
 TEXTS = ["To be, or not to be", "The slings and arrows"]
@@ -18,11 +17,6 @@ SIZES = dict(vocabulary_size=folders.VOCABULARY_SIZE, num_layers=2, hidden_dim=1
              num_heads=2, intermediate_dim=32, max_sequence_length=32, norm_placement="pre",
              exit_layers=[1, 2])
 EXIT = dict(exit_criterion="max_probability", exit_threshold=0.003)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return HuggingFaceTokenizer(folders.write_tokenizer_folder(tmp_path_factory.mktemp("t")))
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,6 @@ TEXTS = folders.SHAKESPEARE[:2]
 BOS, EOS, PAD = 0, 1, 2
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return HuggingFaceTokenizer(folders.write_tokenizer_folder(tmp_path_factory.mktemp("t")))
-
-
 def test_causal_lm_inputs_labels_and_weights(tokenizer):
     preprocessor = CausalLMPreprocessor(tokenizer, sequence_length=32)
     assert preprocessor.add_start_token and preprocessor.add_end_token

@@ -12,7 +12,6 @@ from keras_xf.models import Seq2SeqLM  # noqa: E402
 from keras_xf.models import TextClassifier  # noqa: E402
 from keras_xf.models import TextEncoder  # noqa: E402
 from keras_xf.preprocessing import CausalLMPreprocessor  # noqa: E402
-from keras_xf.preprocessing import HuggingFaceTokenizer  # noqa: E402
 from keras_xf.preprocessing import Seq2SeqLMPreprocessor  # noqa: E402
 from keras_xf.preprocessing import TextClassifierPreprocessor  # noqa: E402
 from tests.preprocessing import folders  # noqa: E402
@@ -21,11 +20,6 @@ TEXTS = ["To be, or not to be", "The slings and arrows"]
 SIZES = dict(vocabulary_size=folders.VOCABULARY_SIZE, num_layers=1, hidden_dim=16,
              num_heads=2, intermediate_dim=32, max_sequence_length=32)
 LENGTH = 16
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return HuggingFaceTokenizer(folders.write_tokenizer_folder(tmp_path_factory.mktemp("t")))
 
 
 @pytest.fixture(scope="module")
