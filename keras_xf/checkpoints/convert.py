@@ -25,7 +25,6 @@ from keras_xf.checkpoints.tokenizer_files import write_tokenizer_files
 from keras_xf.models import GenerativeTask
 from keras_xf.checkpoints.sentence_transformers import SentenceTransformersFolder
 from keras_xf.checkpoints.sentence_transformers import is_sentence_transformers_folder
-from keras_xf.checkpoints.sentence_transformers import sentence_transformers_settings
 from keras_xf.checkpoints.tensor_map import Entry
 from keras_xf.checkpoints.tensor_map import TensorMap
 from keras_xf.checkpoints.tensor_map import copy
@@ -87,8 +86,10 @@ def from_huggingface(directory, dtype=None):
         XLM-RoBERTa: its output is the pooler's, or the `[CLS]` state for a folder saved
         without pooler; its backbone's the last hidden state). A sentence-transformers
         folder gives a `TextEncoder` whose pooling, projection (a `Dense` module) and
-        normalisation are its modules'; its tokenization settings are
-        `sentence_transformers_settings(directory)`'s.
+        normalisation are its modules', whose preprocessor cuts texts at the folder's
+        `max_seq_length` and lowercases them when it says `do_lower_case`, and whose
+        `encode` applies the folder's prompts (`config_sentence_transformers.json`) as
+        sentence-transformers does.
         When the folder has a `tokenizer.json`, a text task carries a preprocessor built
         from it (`keras_xf.preprocessing`: the folder's tokenizer, special tokens and chat
         template), so `generate`, `fit` and `predict` take text; without one, ids. A
@@ -98,7 +99,8 @@ def from_huggingface(directory, dtype=None):
     Raises:
         ValueError: a folder of another architecture, or a tensor that is missing, left
             unused, or of a shape that does not fit, named in the message; a
-            sentence-transformers module or pooling mode keras_xf cannot express, named.
+            sentence-transformers module or pooling mode keras_xf cannot express, named
+            (pooling that leaves the prompt out, `include_prompt=False`, among them).
 
     Example:
     >>> model = from_huggingface("path/to/llama")  # doctest: +SKIP
@@ -106,12 +108,13 @@ def from_huggingface(directory, dtype=None):
     """
     # A folder's own length limit, which its library truncates to (sentence-transformers'
     # `max_seq_length`); none for other folders.
-    max_length = None
+    max_length, lowercase = None, False
     if is_sentence_transformers_folder(directory):
         modules = SentenceTransformersFolder(directory)
         model = _load_sentence_transformer(modules, dtype)
         tokenizer_directory = modules.transformer_directory
-        max_length = sentence_transformers_settings(directory)["max_seq_length"]
+        max_length = modules.settings["max_seq_length"]
+        lowercase = modules.settings["do_lower_case"]
     else:
         folder = SafetensorsFolder(directory)
         model = load_checkpoint(folder, dtype=dtype)
@@ -120,7 +123,7 @@ def from_huggingface(directory, dtype=None):
                                                  model.token_vocabulary_sizes())
         tokenizer_directory = os.fspath(directory)
     preprocessor = folder_preprocessor(model, tokenizer_directory, max_length=max_length,
-                                       truncate=max_length is not None)
+                                       truncate=max_length is not None, lowercase=lowercase)
     if preprocessor is not None:
         model.preprocessor = preprocessor
     return model
@@ -167,7 +170,8 @@ def _load_sentence_transformer(modules, dtype):
                 base.backbone, pooling=modules.pooling,
                 projection_dim=dense["out_features"] if dense else None,
                 projection_activation=dense["activation"] if dense else None,
-                normalize=modules.normalize, dtype=dtype)
+                normalize=modules.normalize, prompts=modules.settings["prompts"],
+                default_prompt_name=modules.settings["default_prompt_name"], dtype=dtype)
         backbone_map = family.tensor_map(model.backbone, folder.config)
         TensorMap(backbone_map.entries, ignored=backbone_map.ignored + [r"pooler\..*"],
                   alias=backbone_map.alias).load(folder, architecture)
@@ -206,8 +210,8 @@ def to_huggingface(model, directory, family=None, dtype=None):
 
     A model whose preprocessor holds a `HuggingFaceTokenizer` also gets its tokenizer as
     `transformers` 5 saves one (`tokenizer.json` without padding or truncation,
-    `tokenizer_config.json` with the special tokens, `chat_template.jinja` when it has a
-    template); a generating model gets a `generation_config.json` with its stop ids (else its
+    `tokenizer_config.json` with the special tokens and the model's `model_max_length`,
+    `chat_template.jinja` when it has a template); a generating model gets a `generation_config.json` with its stop ids (else its
     tokenizer's end token) and its tokenizer's start and padding ids (`generation_config`).
     A model with neither a preprocessor nor stop ids gets the config and the weights alone.
 
@@ -264,7 +268,9 @@ def write_text_files(model, directory):
     `to_huggingface`) into `directory`, when it carries them."""
     tokenizer = model_tokenizer(model)
     if tokenizer is not None:
-        write_tokenizer_files(tokenizer, directory)
+        # The model's bound on its inputs (learned positions), when it has one.
+        write_tokenizer_files(tokenizer, directory,
+                              model_max_length=model.backbone.max_sequence_length)
     generation = generation_config(model)
     if generation is not None:
         with open(os.path.join(directory, "generation_config.json"), "w") as file:

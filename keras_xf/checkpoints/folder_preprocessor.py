@@ -13,16 +13,17 @@ from keras_xf.preprocessing import TextClassifierPreprocessor
 DEFAULT_SEQUENCE_LENGTH = 1024
 
 
-def folder_preprocessor(model, directory, max_length=None, truncate=False):
+def folder_preprocessor(model, directory, max_length=None, truncate=False, lowercase=False):
     """The preprocessor of `model`'s kind (`model.preprocessor_class`) over the folder's
     tokenizer, packing to the model's `max_sequence_length` (at most 1024, and at most
     `max_length`, a folder's own limit such as sentence-transformers' `max_seq_length`);
-    `truncate`: texts longer than that are cut to it, as the folder's own library does.
+    `truncate`: texts longer than that are cut to it, as the folder's own library does;
+    `lowercase`: texts are lowercased first (sentence-transformers' `do_lower_case`).
     `None` when the folder has no `tokenizer.json` or the model takes no preprocessor."""
     kind = model.preprocessor_class
     if kind is None or not os.path.isfile(os.path.join(directory, "tokenizer.json")):
         return None
-    tokenizer = HuggingFaceTokenizer(directory)
+    tokenizer = HuggingFaceTokenizer(directory, lowercase=lowercase)
     bound = model.backbone.max_sequence_length if model.backbone is not None else None
     length = min(bound or DEFAULT_SEQUENCE_LENGTH, max_length or DEFAULT_SEQUENCE_LENGTH,
                  DEFAULT_SEQUENCE_LENGTH)

@@ -142,7 +142,7 @@ class SentenceTransformersFolder:
 
     Raises:
         ValueError: a module keras_xf has no counterpart for (named by type), a pooling mode
-            it cannot express, a module order other than Transformer, Pooling, Dense,
+            it cannot express (or pooling without the prompt, `include_prompt=False`), a module order other than Transformer, Pooling, Dense,
             Normalize, or a missing file.
 
     Example:
@@ -180,6 +180,10 @@ class SentenceTransformersFolder:
             normalize_path = os.path.join(paths["Normalize"], "config.json")
             _check_feature(_read_json(normalize_path, default={}), normalize_path)
         self.settings = sentence_transformers_settings(directory)
+        if not self.settings["include_prompt"]:
+            raise ValueError(f"{pooling_path} pools without the prompt's tokens; a keras_xf "
+                             "TextEncoder pools over every token of its input. Received: "
+                             "include_prompt=False")
 
 
 def sentence_transformers_settings(directory):
@@ -232,5 +236,7 @@ def sentence_transformers_settings(directory):
         include_prompt = bool(pooling.get("include_prompt", True))
     model = _read_json(os.path.join(directory, "config_sentence_transformers.json"), default={})
     return {"max_seq_length": length, "do_lower_case": bool(config.get("do_lower_case", False)),
-            "include_prompt": include_prompt, "prompts": dict(model.get("prompts") or {}),
+            "include_prompt": include_prompt,
+            # sentence-transformers reads a prompt saved as null as the empty prompt.
+            "prompts": {name: text or "" for name, text in (model.get("prompts") or {}).items()},
             "default_prompt_name": model.get("default_prompt_name")}

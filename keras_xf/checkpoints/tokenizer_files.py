@@ -4,6 +4,7 @@
 import json
 import os
 
+from keras_xf.ops.checks import check_positive_int
 from keras_xf.preprocessing import HuggingFaceTokenizer
 
 # The tokenizer class a written `tokenizer_config.json` names: the fast tokenizer over
@@ -20,10 +21,11 @@ def model_tokenizer(model):
     return preprocessor.tokenizer
 
 
-def write_tokenizer_files(tokenizer, directory):
+def write_tokenizer_files(tokenizer, directory, model_max_length=None):
     """Writes `tokenizer` into `directory` as `transformers` 5 saves a fast tokenizer:
-    `tokenizer.json`, `tokenizer_config.json` (the tokenizer class and the special tokens)
-    and, when the tokenizer has one, `chat_template.jinja`.
+    `tokenizer.json`, `tokenizer_config.json` (the tokenizer class, the special tokens and
+    the longest input, `model_max_length`, when given) and, when the tokenizer has one,
+    `chat_template.jinja`.
 
     The `tokenizer.json` is the tokenizer as keras_xf holds it, with no padding or
     truncation saved in it (`HuggingFaceTokenizer` switches a folder's off when it reads
@@ -34,6 +36,8 @@ def write_tokenizer_files(tokenizer, directory):
     Args:
         tokenizer: a `HuggingFaceTokenizer`.
         directory: an existing folder.
+        model_max_length: optional int, the most tokens the model takes (its learned
+            positions), which `transformers` truncates to when asked.
 
     Returns:
         The names of the files written, in order.
@@ -46,10 +50,11 @@ def write_tokenizer_files(tokenizer, directory):
     if not isinstance(tokenizer, HuggingFaceTokenizer):
         raise ValueError("tokenizer must be a HuggingFaceTokenizer. Received: tokenizer of "
                          f"type {type(tokenizer).__name__}")
+    config = {"tokenizer_class": TOKENIZER_CLASS, **tokenizer.special_tokens}
+    if model_max_length is not None:
+        config["model_max_length"] = check_positive_int("model_max_length", model_max_length)
     files = {"tokenizer.json": tokenizer.tokenizer_json,
-             "tokenizer_config.json": json.dumps(
-                 {"tokenizer_class": TOKENIZER_CLASS, **tokenizer.special_tokens},
-                 indent=2, ensure_ascii=False)}
+             "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False)}
     if tokenizer.chat_template is not None:
         files["chat_template.jinja"] = tokenizer.chat_template
     for name, text in files.items():

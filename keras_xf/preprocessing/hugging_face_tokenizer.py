@@ -4,6 +4,7 @@ import os
 
 import keras
 
+from keras_xf.ops.checks import check_bool
 from keras_xf.preprocessing.chat_template import render_chat_template
 from keras_xf.preprocessing.text_inputs import check_sequence_length
 from keras_xf.preprocessing.text_inputs import fit_rows
@@ -23,6 +24,17 @@ def _tokenizers_module():
         raise ImportError("Hugging Face tokenizers need the tokenizers package: "
                           "pip install 'keras-xf[text]'") from None
     return tokenizers
+
+
+def _lowercased(normalizer, tokenizers):
+    """`normalizer` with a `Lowercase` first, unless it (or a member of its sequence) is one:
+    sentence-transformers' rule for `do_lower_case`."""
+    normalizers = tokenizers.normalizers
+    members = list(normalizer) if isinstance(normalizer, normalizers.Sequence) else (
+        [] if normalizer is None else [normalizer])
+    if any(isinstance(member, normalizers.Lowercase) for member in members):
+        return normalizer
+    return normalizers.Sequence([normalizers.Lowercase(), *members])
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -47,6 +59,10 @@ class HuggingFaceTokenizer:
         special_tokens: optional dict of special tokens by `transformers`' names
             (`"bos_token"`, `"eos_token"`, `"pad_token"`, `"unk_token"`, ...);
         chat_template: optional jinja2 chat template.
+        lowercase: bool; `True` lowercases texts before the folder's own normaliser (a
+            `tokenizers` `Lowercase` put first, unless the normaliser has one), as
+            sentence-transformers does for a folder with `do_lower_case`. Special tokens
+            written in the text stay as they are.
 
     Example:
     >>> tokenizer = HuggingFaceTokenizer("path/to/llama")  # doctest: +SKIP
@@ -58,8 +74,9 @@ class HuggingFaceTokenizer:
     """
 
     def __init__(self, directory=None, tokenizer_json=None, special_tokens=None,
-                 chat_template=None):
+                 chat_template=None, lowercase=False):
         tokenizers = _tokenizers_module()
+        self.lowercase = check_bool("lowercase", lowercase)
         if (directory is None) == (tokenizer_json is None):
             raise ValueError(
                 "Pass either directory or tokenizer_json. Received: directory="
@@ -78,6 +95,8 @@ class HuggingFaceTokenizer:
         # `transformers`, which pads and truncates only when asked.
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
+        if self.lowercase:
+            self.tokenizer.normalizer = _lowercased(self.tokenizer.normalizer, tokenizers)
         self.tokenizer_json = self.tokenizer.to_str()
         if directory is not None:
             special_tokens = read_special_tokens(directory, self.tokenizer.id_to_token)
@@ -231,7 +250,7 @@ class HuggingFaceTokenizer:
     # Config -------------------------------------------------------------------------------
     def get_config(self):
         return {"tokenizer_json": self.tokenizer_json, "special_tokens": dict(self.special_tokens),
-                "chat_template": self.chat_template}
+                "chat_template": self.chat_template, "lowercase": self.lowercase}
 
     @classmethod
     def from_config(cls, config):

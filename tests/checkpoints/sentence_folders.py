@@ -12,8 +12,9 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
     "quick brown lazy ##s ##ed ##ing").split()
 
 
-def wordpiece_tokenizer():
-    """A lower-casing WordPiece `tokenizers.Tokenizer` over `WORDS`, `[CLS] $A [SEP]`."""
+def wordpiece_tokenizer(lowercase=True):
+    """A WordPiece `tokenizers.Tokenizer` over `WORDS`, `[CLS] $A [SEP]`, lower-casing unless
+    told not to."""
     import tokenizers
 
     models, normalizers, pre_tokenizers, processors = (
@@ -21,16 +22,17 @@ def wordpiece_tokenizer():
         tokenizers.processors)
     tokenizer = tokenizers.Tokenizer(models.WordPiece({w: i for i, w in enumerate(WORDS)},
                                                       unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     return tokenizer
 
 
-def write_transformer_folder(folder, architecture="bert"):
+def write_transformer_folder(folder, architecture="bert", lowercase=True):
     """A perturbed two-layer `BertModel` (with its pooler), or a one-layer `RobertaModel`
-    (padding id 0: positions from 1), and the tokenizer, saved in `folder`."""
+    (padding id 0: positions from 1), and the tokenizer (`wordpiece_tokenizer(lowercase)`),
+    saved in `folder`."""
     import torch
     import transformers
 
@@ -47,25 +49,28 @@ def write_transformer_folder(folder, architecture="bert"):
     torch.manual_seed(0)
     perturbed(model).save_pretrained(folder)
     transformers.BertTokenizerFast(
-        tokenizer_object=wordpiece_tokenizer(), unk_token="[UNK]", pad_token="[PAD]",
+        tokenizer_object=wordpiece_tokenizer(lowercase), unk_token="[UNK]", pad_token="[PAD]",
         cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
     return folder
 
 
 def write_sentence_folder(transformer_folder, folder, pooling, dense=None, normalize=False,
-                          seed=1):
-    """`SentenceTransformer(modules=[Transformer, Pooling(pooling), Dense?, Normalize?])`
-    over `transformer_folder`, saved in `folder`."""
+                          seed=1, do_lower_case=False, prompts=None, default_prompt_name=None):
+    """`SentenceTransformer(modules=[Transformer, Pooling(pooling), Dense?, Normalize?],
+    prompts=prompts, default_prompt_name=default_prompt_name)` over `transformer_folder`,
+    its Transformer module lowercasing when `do_lower_case`, saved in `folder`."""
     import sentence_transformers as st
     import torch
     from sentence_transformers.sentence_transformer import modules
 
-    stack = [modules.Transformer(str(transformer_folder), max_seq_length=MAX_LENGTH),
+    stack = [modules.Transformer(str(transformer_folder), max_seq_length=MAX_LENGTH,
+                                 do_lower_case=do_lower_case),
              modules.Pooling(WIDTH, pooling_mode=pooling)]
     if dense is not None:
         torch.manual_seed(seed)
         stack.append(perturbed(modules.Dense(WIDTH, **dense), seed))
     if normalize:
         stack.append(modules.Normalize())
-    st.SentenceTransformer(modules=stack, device="cpu").save(str(folder))
+    st.SentenceTransformer(modules=stack, device="cpu", prompts=prompts,
+                           default_prompt_name=default_prompt_name).save(str(folder))
     return pathlib.Path(folder)

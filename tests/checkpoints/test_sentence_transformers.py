@@ -5,6 +5,7 @@ and compared with `SentenceTransformer(folder).encode`."""
 
 import json
 
+import keras
 import numpy as np
 import pytest
 
@@ -114,6 +115,57 @@ def test_roberta_transformer(tmp_path):
     assert "segment_ids" not in model.input
     np.testing.assert_allclose(model.predict_on_batch(_inputs(model)), expected, atol=1e-5,
                                rtol=0)
+
+
+def test_lowercasing_and_prompts_as_sentence_transformers_applies_them(tmp_path):
+    """A case-sensitive tokenizer under a Transformer module with `do_lower_case`, and
+    prompts with a default: `encode` equals sentence-transformers' with the default prompt,
+    a named one, an explicit one, and none (an empty `prompt`)."""
+    transformer = _transformer_folder(tmp_path / "cased", lowercase=False)
+    prompts = {"query": "the quick ", "document": "a big "}
+    folder = _save(transformer, tmp_path / "folder", "mean", do_lower_case=True,
+                   prompts=prompts, default_prompt_name="query")
+    reference = st.SentenceTransformer(str(folder), device="cpu")
+    model = from_huggingface(folder)
+    assert model.prompts == prompts and model.default_prompt_name == "query"
+    texts = ["The Cat SAT on the Mat", "Red And Blue"]
+    for arguments in ({}, {"prompt_name": "document"}, {"prompt": "Small "}, {"prompt": ""}):
+        np.testing.assert_allclose(model.encode(texts, **arguments),
+                                   reference.encode(texts, **arguments), atol=1e-5, rtol=0)
+    # Without the lowercasing the cased tokenizer reads "The" as [UNK]: the texts differ.
+    cased = from_huggingface(transformer)
+    assert cased.preprocessor.tokenizer.tokenize("The")[1] == WORDS.index("[UNK]")
+    assert model.preprocessor.tokenizer.tokenize("The")[1] == WORDS.index("the")
+    # A .keras round trip keeps the prompts and the lowercasing.
+    model.save(tmp_path / "encoder.keras")
+    loaded = keras.saving.load_model(tmp_path / "encoder.keras")
+    np.testing.assert_allclose(loaded.encode(texts), reference.encode(texts), atol=1e-5,
+                               rtol=0)
+    with pytest.raises(ValueError, match="prompt_name"):
+        model.encode(texts, prompt_name="passage")
+    with pytest.raises(ValueError, match="not both"):
+        model.encode(texts, prompt="a ", prompt_name="query")
+
+
+def test_prompt_arguments_are_checked():
+    sizes = dict(vocabulary_size=len(WORDS), num_layers=1, hidden_dim=8, num_heads=2,
+                 intermediate_dim=16)
+    with pytest.raises(ValueError, match="default_prompt_name"):
+        TextEncoder(**sizes, prompts={"query": "q: "}, default_prompt_name="document")
+    with pytest.raises(ValueError, match="prompts"):
+        TextEncoder(**sizes, prompts={"query": 3})
+
+
+def test_pooling_without_the_prompt_is_refused(mean_folder, tmp_path):
+    import shutil
+
+    folder = tmp_path / "folder"
+    shutil.copytree(mean_folder, folder)
+    config_path = folder / "1_Pooling" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "include_prompt": False}))
+    with pytest.raises(ValueError, match="include_prompt=False"):
+        from_huggingface(folder)
 
 
 def test_settings_are_the_tokenizers(case):

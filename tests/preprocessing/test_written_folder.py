@@ -44,7 +44,7 @@ def written(model, tmp_path_factory):
     return out
 
 
-def test_the_folder_holds_the_tokenizer_and_generation_config(written):
+def test_the_folder_holds_the_tokenizer_and_generation_config(model, written):
     assert sorted(os.listdir(written)) == [
         "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
         "tokenizer.json", "tokenizer_config.json"]
@@ -54,6 +54,7 @@ def test_the_folder_holds_the_tokenizer_and_generation_config(written):
     config = json.loads((written / "tokenizer_config.json").read_text())
     assert {k: config[k] for k in ("bos_token", "eos_token", "pad_token")} == {
         "bos_token": folders.BOS, "eos_token": folders.EOS, "pad_token": folders.PAD}
+    assert config["model_max_length"] == model.backbone.max_sequence_length
     assert (written / "chat_template.jinja").read_text() == folders.CHAT_TEMPLATE
     assert json.loads((written / "generation_config.json").read_text()) == {
         "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
@@ -63,6 +64,7 @@ def test_transformers_tokenizer_of_the_written_folder_equals_the_original(llama,
     original = transformers.AutoTokenizer.from_pretrained(str(llama))
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(written))
     assert tokenizer(PROMPTS)["input_ids"] == original(PROMPTS)["input_ids"]
+    assert tokenizer.model_max_length == 64
     assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (
         folders.BOS, folders.EOS, folders.PAD)
     for prompt in (True, False):

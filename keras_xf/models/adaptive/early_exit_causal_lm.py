@@ -7,7 +7,8 @@ import keras
 from keras import ops
 
 from keras_xf.generation.compile import compile_generate_function
-from keras_xf.generation.sampling import get_sampler
+from keras_xf.generation.sampling import restart_seed
+from keras_xf.generation.sampling import sampler_from_arguments
 from keras_xf.layers.blocks.layer_state_reader import LayerStateReader
 from keras_xf.layers.heads.early_exit_heads import EarlyExitHeads
 from keras_xf.models.adaptive.early_exit_control import EarlyExitControl
@@ -18,6 +19,8 @@ from keras_xf.models.backbones.arguments import check_exit_loss_weights
 from keras_xf.models.backbones.arguments import task_backbone
 from keras_xf.models.backbones.transformer_backbone import TransformerBackbone
 from keras_xf.models.generative.causal_lm import CausalLM
+from keras_xf.models.generative.generation_arguments import check_repetition_penalty
+from keras_xf.models.generative.generation_arguments import output_length_request
 from keras_xf.models.generative.text_generation import generates_text
 from keras_xf.ops.exit_criteria import check_exit_rule
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
@@ -160,12 +163,15 @@ class EarlyExitCausalLM(CausalLM):
     @generates_text
     def generate(self, inputs, max_length=None, stop_token_ids="auto", sampler=None,
                  use_cache=True, exit_criterion=None, exit_threshold=None,
-                 return_exit_layers=False):
+                 return_exit_layers=False, *, max_new_tokens=None, temperature=None,
+                 top_k=None, top_p=None, seed=None, repetition_penalty=None):
         """`CausalLM.generate`, with token-level adaptive depth when `exit_criterion` is given.
 
         Args:
-            inputs, max_length, stop_token_ids, sampler, use_cache: as `CausalLM.generate`
-                (text too, with a preprocessor: a string gives a string, a list a list).
+            inputs, max_length, stop_token_ids, sampler, use_cache, max_new_tokens,
+                temperature, top_k, top_p, seed, repetition_penalty: as `CausalLM.generate`
+                (text too, with a preprocessor: a string gives a string, a list a list),
+                adaptive depth included (compiled once per output-length bucket).
             exit_criterion: `None` (every token runs every layer: `CausalLM.generate`),
                 `"entropy"`, `"max_probability"`, `"state_similarity"` or `"patience"`.
             exit_threshold: the criterion's threshold (entropy in nats, a probability, a
@@ -197,28 +203,44 @@ class EarlyExitCausalLM(CausalLM):
         if not isinstance(return_exit_layers, bool):
             raise ValueError("return_exit_layers must be a bool. Received: "
                              f"return_exit_layers={return_exit_layers!r}")
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                        repetition_penalty=repetition_penalty)
         if rule is None and not return_exit_layers:
             return super().generate(inputs, max_length=max_length,
                                     stop_token_ids=stop_token_ids, sampler=sampler,
-                                    use_cache=use_cache)
+                                    use_cache=use_cache, max_new_tokens=max_new_tokens,
+                                    **sampling)
         if use_cache is not True:
             raise ValueError(
                 "use_cache must be True with an exit_criterion or return_exit_layers: adaptive "
                 f"depth fills the skipped layers' caches. Received: use_cache={use_cache!r}"
             )
-        resolved = self.sampler if sampler is None else get_sampler(sampler)
+        sampler = sampler_from_arguments(sampler, temperature, top_k, top_p)
+        repetition_penalty = check_repetition_penalty(repetition_penalty)
+        resolved = self._resolve_sampler(sampler)
         if return_exit_layers and _is_beam_search(resolved):
             raise ValueError(
                 "return_exit_layers=True cannot follow beam search, whose final beams are "
                 "chosen after the loop. Received: return_exit_layers=True with sampler="
                 f"{type(resolved).__name__}"
             )
-        prompts, _, unpack = self._generate_inputs(inputs, max_length)
+        stop_token_ids = self._check_stop_token_ids(stop_token_ids)
+        prompts, extras, unpack = self._generate_inputs(
+            inputs, output_length_request(max_length, max_new_tokens))
+        self._check_generate_inputs(prompts, extras)
+        length = prompts.token_ids.shape[1]
         function = self._exit_generate_function(
-            rule, sampler, self._check_stop_token_ids(stop_token_ids), prompts.prefill_length,
-            return_exit_layers)
-        outputs = function({"token_ids": ops.convert_to_tensor(prompts.token_ids),
-                            "padding_mask": ops.convert_to_tensor(prompts.padding_mask)})
+            rule, sampler, stop_token_ids, prompts.prefill_length, return_exit_layers,
+            repetition_penalty)
+        if seed is not None:
+            restart_seed(resolved, seed)
+        packed = self._bucketed_inputs(prompts, extras)
+        self._generate_functions.count_program(function, packed.values())
+        outputs = function({key: ops.convert_to_tensor(value) for key, value in packed.items()},
+                           ops.convert_to_tensor(length, "int32"))
+        # Computed in the output-length bucket, cut back to the length asked.
+        outputs = {key: ops.convert_to_numpy(value)[:, :length] for key, value in
+                   outputs.items()}
         tokens = unpack(outputs["token_ids"], outputs["padding_mask"])
         if not return_exit_layers:
             return tokens
@@ -226,25 +248,27 @@ class EarlyExitCausalLM(CausalLM):
         return tokens, prompts.unpack(outputs["exit_layers"], outputs["padding_mask"], form=form)
 
     def _exit_generate_function(self, rule, sampler, stop_token_ids, prefill_length,
-                                return_exit_layers):
+                                return_exit_layers, repetition_penalty):
         """The compiled adaptive generation for these settings, kept with the model's other
         generation functions (reset by `compile`). No TorchScript trace of the loop body on
         PyTorch: a trace would freeze the Python branch of each layer's `keras.ops.cond`."""
         sampler_key = self._default_sampler_key if sampler is None else sampler
         key = ("early_exit", rule, sampler_key, stop_token_ids, prefill_length,
-               return_exit_layers)
+               return_exit_layers, repetition_penalty)
         if key not in self._generate_functions:
-            resolved = self.sampler if sampler is None else get_sampler(sampler)
+            resolved = self._resolve_sampler(sampler)
             step = functools.partial(self._exit_generate_step, rule=rule,
                                      stop_token_ids=stop_token_ids, sampler=resolved,
                                      prefill_length=prefill_length,
-                                     return_exit_layers=return_exit_layers)
+                                     return_exit_layers=return_exit_layers,
+                                     repetition_penalty=repetition_penalty)
             self._generate_functions[key] = compile_generate_function(self, step, resolved)
         return self._generate_functions[key]
 
-    def _exit_generate_step(self, inputs, rule, stop_token_ids, sampler, prefill_length,
-                            return_exit_layers):
-        """`generate_step` under the exit rule; with `return_exit_layers`, adds
+    def _exit_generate_step(self, inputs, output_length, rule, stop_token_ids, sampler,
+                            prefill_length, return_exit_layers, repetition_penalty):
+        """`generate_step` under the exit rule, up to `output_length` (an int32 scalar
+        tensor); with `return_exit_layers`, adds
         `"exit_layers"` `[B, L]` to its outputs (read from the loop's final cache within the
         same trace)."""
         generated = ops.logical_not(ops.cast(inputs["padding_mask"], "bool"))
@@ -254,7 +278,9 @@ class EarlyExitCausalLM(CausalLM):
         with self._exit_scope(rule, generated):
             outputs = self.generate_step(inputs, stop_token_ids=stop_token_ids,
                                          sampler=sampler, use_cache=True,
-                                         prefill_length=prefill_length)
+                                         prefill_length=prefill_length,
+                                         output_length=output_length,
+                                         repetition_penalty=repetition_penalty)
         if not return_exit_layers:
             return outputs
         kept = ops.logical_and(ops.cast(outputs["padding_mask"], "bool"), generated)

@@ -39,6 +39,10 @@ class TextEncoder(FunctionalModel):
         preprocessor: optional `keras_xf.preprocessing.TextClassifierPreprocessor`; with it
             `predict`, `fit`, `evaluate` and `similarity` also take texts, and `encode`
             embeds a list of strings. `None` (default): ids.
+        prompts: optional dict `{name: text}` of the texts `encode` can put before its
+            inputs (sentence-transformers' prompts, such as `{"query": "query: "}`).
+        default_prompt_name: optional key of `prompts`, the prompt `encode` uses when given
+            none.
         **kwargs: backbone arguments, or `name` / `dtype`.
 
     Inputs: `{"token_ids", "padding_mask"}`, and `"segment_ids"` when the backbone takes
@@ -53,9 +57,11 @@ class TextEncoder(FunctionalModel):
     preprocessor_class = TextClassifierPreprocessor
 
     def __init__(self, backbone=None, pooling="mean", projection_dim=None, normalize=True,
-                 projection_activation=None, preprocessor=None, name=None, dtype=None,
-                 trainable=True, **backbone_kwargs):
+                 projection_activation=None, preprocessor=None, prompts=None,
+                 default_prompt_name=None, name=None, dtype=None, trainable=True,
+                 **backbone_kwargs):
         check_model_arguments(locals())
+        prompts, default_prompt_name = check_prompts(prompts, default_prompt_name)
         if projection_activation is not None:
             projection_activation = keras.activations.serialize(
                 get_activation("projection_activation", projection_activation))
@@ -99,9 +105,12 @@ class TextEncoder(FunctionalModel):
         """An untrained encoder with a named architecture, e.g. `"bert_base"`."""
         return cls(**preset_config(preset, "text_encoder", **overrides))
 
-    def encode(self, texts, batch_size=32):
+    def encode(self, texts, batch_size=32, prompt_name=None, prompt=None):
         """The embeddings of texts, computed in batches on the host: sentence-transformers'
         `encode`.
+
+        A prompt is put before every text: `prompt` itself, else `prompts[prompt_name]`,
+        else the default prompt (`prompts[default_prompt_name]`), else none.
 
         Each batch of at most `batch_size` texts goes through the preprocessor (packed to its
         `sequence_length`) and the model; a last, smaller batch is padded with copies of its
@@ -110,6 +119,8 @@ class TextEncoder(FunctionalModel):
         Args:
             texts: a string, or a list, tuple or 1-D array of strings.
             batch_size: positive int, the most texts run at once.
+            prompt_name: optional key of the model's `prompts`.
+            prompt: optional text to put before each text (not with `prompt_name`).
 
         Returns:
             float32 NumPy embeddings: `[N, d]` for N texts, `[d]` for a single string (`d`
@@ -117,7 +128,8 @@ class TextEncoder(FunctionalModel):
 
         Raises:
             ValueError: without a preprocessor, naming `preprocessor`; for `texts` that are
-                not strings or a `batch_size` that is not a positive int, naming them.
+                not strings, a `batch_size` that is not a positive int, a `prompt_name` the
+                model has no prompt for, or both `prompt` and `prompt_name`, naming them.
 
         Example:
         >>> import keras_hub
@@ -135,7 +147,8 @@ class TextEncoder(FunctionalModel):
                 "preprocessor=, or a folder with tokenizer.json); for token ids, call "
                 "predict. Received: preprocessor=None"
             )
-        rows = text_list(texts)
+        prefix = self._prompt(prompt_name, prompt)
+        rows = [prefix + row for row in text_list(texts)]
         batch_size = min(check_positive_int("batch_size", batch_size), len(rows))
         embeddings = []
         for start in range(0, len(rows), batch_size):
@@ -148,6 +161,24 @@ class TextEncoder(FunctionalModel):
         embeddings = np.concatenate(embeddings)
         return embeddings[0] if isinstance(texts, (str, bytes)) else embeddings
 
+    def _prompt(self, prompt_name, prompt):
+        """The text `encode` puts before each input (see `encode`)."""
+        if prompt is not None and prompt_name is not None:
+            raise ValueError("Pass prompt or prompt_name, not both. Received: "
+                             f"prompt={prompt!r}, prompt_name={prompt_name!r}")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise ValueError(f"prompt must be a string. Received: prompt of type "
+                                 f"{type(prompt).__name__}")
+            return prompt
+        name = prompt_name if prompt_name is not None else self.default_prompt_name
+        if name is None:
+            return ""
+        if name not in self.prompts:
+            raise ValueError(f"prompt_name must be one of the model's prompts "
+                             f"{sorted(self.prompts)}. Received: prompt_name={name!r}")
+        return self.prompts[name]
+
     def similarity(self, inputs_a, inputs_b):
         """Cosine similarity of the embeddings of two batches (ids, or texts with a
         preprocessor), `[B]` (numpy)."""
@@ -156,6 +187,20 @@ class TextEncoder(FunctionalModel):
         a = ops.convert_to_numpy(self.predict_on_batch(inputs_a))
         b = ops.convert_to_numpy(self.predict_on_batch(inputs_b))
         return cosine_similarity(a, b)
+
+
+def check_prompts(prompts, default_prompt_name):
+    """`prompts` as a dict of strings by name (`{}` for `None`), and `default_prompt_name`
+    one of its keys or `None`; a `ValueError` naming the argument otherwise."""
+    prompts = {} if prompts is None else prompts
+    if not isinstance(prompts, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ValueError(f"prompts must be a dict of prompt texts by name (strings). "
+                         f"Received: prompts={prompts!r}")
+    if default_prompt_name is not None and default_prompt_name not in prompts:
+        raise ValueError(f"default_prompt_name must be a key of prompts {sorted(prompts)}. "
+                         f"Received: default_prompt_name={default_prompt_name!r}")
+    return dict(prompts), default_prompt_name
 
 
 def cosine_similarity(a, b, axis=-1):

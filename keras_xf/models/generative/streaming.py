@@ -12,6 +12,25 @@ from keras_xf.generation.sampling import restart_seed
 from keras_xf.generation.sampling import sampler_from_arguments
 from keras_xf.models.generative.generation_arguments import check_repetition_penalty
 from keras_xf.models.generative.generation_arguments import output_length_request
+from keras_xf.models.generative.text_generation import TextPieces
+from keras_xf.models.generative.text_generation import text_prompts
+from keras_xf.preprocessing import is_text
+
+
+def _text_stream(tokens, pieces, single):
+    """The text pieces of a token stream (`TextPieces`): a string per non-empty piece for
+    one prompt (`single`), else a list of strings per position."""
+    for step in tokens:
+        texts = pieces.add(step)
+        if not single:
+            yield texts
+        elif texts[0]:
+            yield texts[0]
+    rest = pieces.rest()
+    if single and rest[0]:
+        yield rest[0]
+    elif not single and any(rest):
+        yield rest
 
 
 class StreamingGeneration:
@@ -22,7 +41,8 @@ class StreamingGeneration:
     def stream(self, inputs, max_length=None, stop_token_ids="auto", sampler=None, *,
                max_new_tokens=None, temperature=None, top_k=None, top_p=None, seed=None,
                repetition_penalty=None):
-        """Yields the tokens of `generate` as they are produced, one position at a time.
+        """Yields the tokens of `generate` as they are produced, one position at a time;
+        for text prompts (a task with a preprocessor), the text each position adds.
 
         Takes `generate`'s arguments (cached decoding only, no stop classifier) and gives
         the same tokens: the prompts are prefilled by one compiled pass, then one compiled
@@ -39,6 +59,13 @@ class StreamingGeneration:
             every row has ended, or at the output length. The prompt followed by the yielded
             tokens (and `pad_token_id` up to the output length) is `generate`'s array.
 
+            For a string prompt, strings instead: each piece of text as soon as it is
+            decoded (steps that complete no character give none), `generate`'s text being
+            the prompt's own text (decoded from its ids; for a seq2seq model, nothing)
+            followed by the pieces. For a list of prompts, a list of strings per position,
+            one piece per prompt (`""` where a row adds nothing). Text arguments default as
+            `generate`'s do on text (`max_length`, the tokenizer's end token).
+
         Raises:
             ValueError: as `generate`, and for beam or contrastive search (whose choice is
                 known only after the last step).
@@ -51,6 +78,12 @@ class StreamingGeneration:
         ...     lm.generate([[5, 6, 7]], max_new_tokens=4))
         True
         """
+        inputs_given, text = inputs, is_text(inputs)
+        if text:
+            arguments = {"max_length": max_length, "max_new_tokens": max_new_tokens,
+                         "stop_token_ids": stop_token_ids}
+            prompt_rows = inputs = text_prompts(self, inputs, arguments)
+            max_length, stop_token_ids = arguments["max_length"], arguments["stop_token_ids"]
         sampler = sampler_from_arguments(sampler, temperature, top_k, top_p)
         repetition_penalty = check_repetition_penalty(repetition_penalty)
         stop_token_ids = self._check_stop_token_ids(stop_token_ids)
@@ -61,7 +94,16 @@ class StreamingGeneration:
         self._check_generate_inputs(prompts, extras)
         if seed is not None:
             restart_seed(resolved, seed)
-        return self._stream_tokens(prompts, extras, sampler, stop_token_ids, repetition_penalty)
+        tokens = self._stream_tokens(prompts, extras, sampler, stop_token_ids,
+                                     repetition_penalty)
+        if not text:
+            return tokens
+        # The rows start as the stream does, each prompt up to the shortest one's end; the
+        # text counted as handed over is the whole prompt's (the decoder's, for seq2seq).
+        lengths = prompts.padding_mask.sum(axis=1)
+        pieces = TextPieces(self.preprocessor, prompts.token_ids[:, :lengths.min()],
+                            prompt_rows, [row[:n] for row, n in zip(prompts.token_ids, lengths)])
+        return _text_stream(tokens, pieces, single=isinstance(inputs_given, (str, bytes)))
 
     def _stream_tokens(self, prompts, extras, sampler, stop_token_ids, repetition_penalty):
         """The generator of `stream`, once its arguments are checked."""

@@ -200,6 +200,26 @@ def test_stop_tokens(rng):
     assert len(exits[0]) == len(tokens[0]) and exits[0][-1] > 0
 
 
+def test_adaptive_generation_takes_generate_arguments(rng):
+    """`max_new_tokens`, sampling arguments with a seed and the repetition penalty reach the
+    adaptive loop, which compiles once per output-length bucket."""
+    model = confident_lm(rng)
+    adaptive = dict(exit_criterion="patience", exit_threshold=1, stop_token_ids=None)
+    full = model.generate(PROMPTS, max_length=MAX_LENGTH, **adaptive)
+    count = model.generate_compile_count
+    short = model.generate(PROMPTS, max_new_tokens=2, **adaptive)  # output length 6: bucket 8
+    assert short == [row[:6] for row in full]
+    assert model.generate(PROMPTS, max_length=7, **adaptive) == [row[:7] for row in full]
+    assert model.generate_compile_count == count + 1
+    sampled = [model.generate(PROMPTS, max_length=MAX_LENGTH, top_k=4, temperature=0.8,
+                              seed=5, **adaptive) for _ in range(2)]
+    assert sampled[0] == sampled[1]
+    penalized = model.generate(PROMPTS, max_length=MAX_LENGTH, repetition_penalty=1e6,
+                               **adaptive)
+    for row, prompt in zip(penalized, PROMPTS):  # no token is chosen twice
+        assert len(set(row)) == len(row), row
+
+
 def test_beam_search_with_exits(rng):
     """Beam search repeats the loop state (exit records included) per beam."""
     model = confident_lm(rng)
