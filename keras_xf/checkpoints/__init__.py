@@ -5,3 +5,4 @@ from keras_xf.checkpoints.convert import to_huggingface
 from keras_xf.checkpoints.keras_hub_backbones import from_keras_hub
 from keras_xf.checkpoints.sentence_transformers import sentence_transformers_settings
 from keras_xf.preprocessing import HuggingFaceTokenizer
+from keras_xf.checkpoints.gguf_loading import from_gguf
