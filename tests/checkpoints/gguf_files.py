@@ -26,7 +26,8 @@ LAYER_NAMES = {
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gemma": "gemma"}
 
 
-def tiny_model(model_type, intermediate_size=64, tie=False, seed=0):
+def tiny_model(model_type, intermediate_size=64, tie=False, seed=0,
+               vocabulary_size=VOCABULARY_SIZE):
     """A tiny perturbed `*ForCausalLM` of `model_type` (hidden 32, 2 layers, 4 heads and 2
     key/value heads of 8) on the tokenizer's vocabulary."""
     import torch
@@ -41,7 +42,7 @@ def tiny_model(model_type, intermediate_size=64, tie=False, seed=0):
              "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM)}
     config_class, model_class = kinds[model_type]
     config = config_class(
-        vocab_size=VOCABULARY_SIZE, hidden_size=32, intermediate_size=intermediate_size,
+        vocab_size=vocabulary_size, hidden_size=32, intermediate_size=intermediate_size,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
         max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=tie,
         bos_token_id=0, eos_token_id=1, pad_token_id=2)
@@ -105,9 +106,33 @@ def _tokenizer_metadata(writer):
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def write_gguf(model, path, types=None, tokenizer=True, name="tiny"):
+# A SentencePiece BPE vocabulary as llama.cpp stores Llama 2's and Mistral's (`llama`): no
+# merges, scores giving the merge order, the 256 byte tokens for byte fallback.
+PIECES = ["\u2581", "t", "o", "e", "b", "h", "a", "r", "n", "i", "s", "q", "u", ",", ":",
+          "\u2581t", "\u2581to", "\u2581b", "\u2581be", "\u2581o", "\u2581or", "\u2581n",
+          "\u2581no", "\u2581not", "\u2581th", "\u2581tha", "\u2581that", "\u2581the",
+          "\u2581i", "\u2581is", "\u2581q", "\u2581qu", "es", "\u2581To", "T"]
+SENTENCEPIECE_TOKENS = (["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+                        + PIECES)
+
+
+def _sentencepiece_metadata(writer):
+    tokens = SENTENCEPIECE_TOKENS
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(PIECES))])
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(PIECES))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_space_prefix(True)
+
+
+def write_gguf(model, path, types=None, tokenizer="bpe", name="tiny"):
     """Writes `model` as a GGUF file at `path`; `types(name, array)` gives each tensor's
-    `gguf.GGMLQuantizationType` (float32 when `None`). Returns `path`."""
+    `gguf.GGMLQuantizationType` (float32 when `None`); `tokenizer`: `"bpe"` (the
+    byte-level BPE of `tests/preprocessing/folders.py`), `"sentencepiece"`
+    (`SENTENCEPIECE_TOKENS`) or `None`. Returns `path`."""
     import gguf
 
     config = model.config
@@ -128,8 +153,10 @@ def write_gguf(model, path, types=None, tokenizer=True, name="tiny"):
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
-    if tokenizer:
+    if tokenizer == "bpe":
         _tokenizer_metadata(writer)
+    elif tokenizer == "sentencepiece":
+        _sentencepiece_metadata(writer)
     for tensor_name, array in gguf_tensors(model).items():
         kind_of = gguf.GGMLQuantizationType.F32 if types is None else types(tensor_name, array)
         if array.ndim == 1 or kind_of == gguf.GGMLQuantizationType.F32:

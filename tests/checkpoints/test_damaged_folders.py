@@ -97,7 +97,7 @@ def gguf_file(tmp_path_factory):
     from tests.checkpoints.gguf_files import write_gguf
 
     return write_gguf(tiny_model("llama"), tmp_path_factory.mktemp("gguf") / "tiny.gguf",
-                      tokenizer=False)
+                      tokenizer=None)
 
 
 def test_truncated_gguf(gguf_file, tmp_path):

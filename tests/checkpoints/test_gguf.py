@@ -122,8 +122,30 @@ def test_tokenizer_equals_transformers(tmp_path):
     assert text.startswith("To be, or")
 
 
+def test_sentencepiece_tokenizer_equals_transformers(tmp_path):
+    from tests.checkpoints.gguf_files import SENTENCEPIECE_TOKENS
+
+    source = tiny_model("llama", vocabulary_size=len(SENTENCEPIECE_TOKENS))
+    path = write_gguf(source, tmp_path / "sp.gguf", tokenizer="sentencepiece")
+    model = from_gguf(path)
+    tokenizer = model.preprocessor.tokenizer
+    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    # Byte fallback (é, ?), a leading space, the start token llama.cpp adds by default.
+    texts = ["To be or not to be", "that is the question:", " to be, é?", "Tobe"]
+    expected = [reference(t)["input_ids"] for t in texts]
+    assert tokenizer(texts) == expected
+    assert all(ids[0] == 1 for ids in expected)  # <s>
+    assert {3 + 0xC3, 3 + 0xA9} <= set(expected[2])  # é as its two byte tokens
+    assert tokenizer.detokenize(expected) == [
+        reference.decode(ids, skip_special_tokens=True) for ids in expected]
+    assert tokenizer.special_tokens == {"bos_token": "<s>", "eos_token": "</s>",
+                                        "unk_token": "<unk>"}
+    ids = np.asarray([expected[0]], "int32")
+    np.testing.assert_array_equal(_greedy_keras(model, ids, 4), _greedy_hf(source, ids, 4))
+
+
 def test_file_without_a_vocabulary_takes_ids(tmp_path):
-    model = from_gguf(write_gguf(tiny_model("qwen2"), tmp_path / "q.gguf", tokenizer=False))
+    model = from_gguf(write_gguf(tiny_model("qwen2"), tmp_path / "q.gguf", tokenizer=None))
     assert model.preprocessor is None and tuple(model.stop_token_ids) == ()
 
 
