@@ -58,13 +58,14 @@ def _compare(path, reference=None, atol=1e-4):
     return model
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
 def test_float32_file_equals_transformers(kind, tmp_path):
     source = tiny_model(kind)
     path = write_gguf(source, tmp_path / f"{kind}.gguf")
     model = _compare(path)
     assert isinstance(model, CausalLM)
-    # The GGUF's reading equals the model it was written from (the q/k permutation undone).
+    # The GGUF's reading equals the model it was written from (the q/k permutation undone;
+    # Mistral, a `llama` file, with a window longer than the batch).
     _compare(path, reference=source)
 
 
@@ -122,26 +123,52 @@ def test_tokenizer_equals_transformers(tmp_path):
     assert text.startswith("To be, or")
 
 
-def test_sentencepiece_tokenizer_equals_transformers(tmp_path):
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_sentencepiece_tokenizer_equals_transformers(kind, tmp_path):
+    # Gemma's tokenizer turns spaces into ▁ without a prefix and takes its merges in the
+    # vocabulary's order; Llama's prefixes ▁ and merges by score.
     from tests.checkpoints.gguf_files import SENTENCEPIECE_TOKENS
 
-    source = tiny_model("llama", vocabulary_size=len(SENTENCEPIECE_TOKENS))
+    source = tiny_model(kind, vocabulary_size=len(SENTENCEPIECE_TOKENS))
     path = write_gguf(source, tmp_path / "sp.gguf", tokenizer="sentencepiece")
     model = from_gguf(path)
     tokenizer = model.preprocessor.tokenizer
-    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
     # Byte fallback (é, ?), a leading space, the start token llama.cpp adds by default.
     texts = ["To be or not to be", "that is the question:", " to be, é?", "Tobe"]
-    expected = [reference(t)["input_ids"] for t in texts]
+    if kind == "llama":
+        reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path),
+                                                               gguf_file=path.name)
+        expected = [reference(t)["input_ids"] for t in texts]
+        assert tokenizer.detokenize(expected) == [
+            reference.decode(ids, skip_special_tokens=True) for ids in expected]
+    else:  # AutoTokenizer reads no Gemma (1) file: transformers' GGUF converter itself
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            convert_gguf_tokenizer, get_gguf_tokenizer)
+
+        architecture, vocabulary, _ = get_gguf_tokenizer(str(path))
+        reference, _ = convert_gguf_tokenizer(architecture, vocabulary)
+        expected = [[1] + reference.encode(t, add_special_tokens=False).ids for t in texts]
+        assert tokenizer.detokenize(expected) == [
+            reference.decode(ids, skip_special_tokens=True) for ids in expected]
     assert tokenizer(texts) == expected
     assert all(ids[0] == 1 for ids in expected)  # <s>
     assert {3 + 0xC3, 3 + 0xA9} <= set(expected[2])  # é as its two byte tokens
-    assert tokenizer.detokenize(expected) == [
-        reference.decode(ids, skip_special_tokens=True) for ids in expected]
     assert tokenizer.special_tokens == {"bos_token": "<s>", "eos_token": "</s>",
                                         "unk_token": "<unk>"}
     ids = np.asarray([expected[0]], "int32")
     np.testing.assert_array_equal(_greedy_keras(model, ids, 4), _greedy_hf(source, ids, 4))
+
+
+def test_bfloat16_policy(tmp_path):
+    source = tiny_model("llama")
+    path = write_gguf(source, tmp_path / "l.gguf", types=lambda name, array: Q.Q8_0)
+    model = from_gguf(path, dtype="bfloat16")
+    assert {v.dtype for v in model.weights} == {"bfloat16"}
+    ids, mask = batch(vocabulary_size=VOCABULARY_SIZE)
+    expected = keras_logits(from_gguf(path), ids, mask)
+    actual = keras_logits(model, ids, mask).astype("float32")
+    difference = np.abs(actual - expected)[mask.astype(bool)]
+    assert difference.mean() < 0.03 and difference.max() < 0.3  # bfloat16 rounding only
 
 
 def test_file_without_a_vocabulary_takes_ids(tmp_path):
