@@ -115,12 +115,15 @@ class GGUFCheckpoint:
         self._shapes = {gguf_config.hf_name(name): shape for name, shape in shapes.items()}
 
     def keys(self):
+        """The Hugging Face names of the file's tensors, sorted."""
         return sorted(self._tensors)
 
     def __contains__(self, name):
         return name in self._tensors
 
     def shape(self, name):
+        """The shape of tensor `name` as Hugging Face stores it (`[out, in]` for a linear
+        weight: GGML's dimensions reversed), read without dequantising."""
         return self._shapes[name]
 
     def tensor_type(self, name):
@@ -128,6 +131,8 @@ class GGUFCheckpoint:
         return self._tensors[name].tensor_type.name
 
     def __getitem__(self, name):
+        """Tensor `name` dequantised to a float32 NumPy array in Hugging Face's layout; a
+        `ValueError` naming the file when it has no such tensor."""
         if name not in self._tensors:
             raise ValueError(f"The GGUF file {self.directory} has no tensor {name!r}.")
         tensor = self._tensors[name]

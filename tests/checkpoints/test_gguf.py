@@ -203,13 +203,13 @@ def test_unsupported_tensor_type_is_named(tmp_path):
 
 
 def test_unreadable_settings_are_named(tmp_path):
-    def write(path, change):
+    def write(path, change, drop=()):
         source = tiny_model("llama")
         reader_path = write_gguf(source, tmp_path / "base.gguf")
         reader = gguf.GGUFReader(str(reader_path))
         writer = gguf.GGUFWriter(str(path), "llama")
         for field in reader.fields.values():
-            if field.name.startswith(("GGUF.", "general.architecture")):
+            if field.name.startswith(("GGUF.", "general.architecture")) or field.name in drop:
                 continue
             value = field.contents()
             kind = field.types[0]
@@ -234,3 +234,13 @@ def test_unreadable_settings_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"rope scaling 'yarn'; keras_xf reads 'none' and "
                                          "'linear'"):
         from_gguf(yarn)
+    unigram = write(tmp_path / "t5.gguf", lambda w, t: w.add_tokenizer_model("t5"),
+                    drop=("tokenizer.ggml.model",))
+    with pytest.raises(ValueError, match=r"has tokenizer model 't5'; keras_xf builds \['gpt2', "
+                                         r"'llama'\]"):
+        from_gguf(unigram)
+    partial = write(tmp_path / "partial.gguf", lambda w, t: w.add_rope_dimension_count(4),
+                    drop=("llama.rope.dimension_count",))
+    with pytest.raises(ValueError, match=r"key length 8, value length 8 and 4 rotary "
+                                         "dimensions"):
+        from_gguf(partial)
