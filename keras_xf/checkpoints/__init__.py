@@ -1,4 +1,5 @@
-"""Hugging Face checkpoint folders ↔ keras_xf task models."""
+"""Hugging Face checkpoint folders ↔ keras_xf task models; llama.cpp GGUF files → keras_xf
+`CausalLM`s."""
 
 from keras_xf.checkpoints.convert import from_huggingface
 from keras_xf.checkpoints.convert import to_huggingface

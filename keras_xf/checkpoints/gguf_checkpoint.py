@@ -126,10 +126,6 @@ class GGUFCheckpoint:
         weight: GGML's dimensions reversed), read without dequantising."""
         return self._shapes[name]
 
-    def tensor_type(self, name):
-        """The GGML type name of tensor `name` (`"Q8_0"`, `"F16"`, ...)."""
-        return self._tensors[name].tensor_type.name
-
     def __getitem__(self, name):
         """Tensor `name` dequantised to a float32 NumPy array in Hugging Face's layout; a
         `ValueError` naming the file when it has no such tensor."""

@@ -244,3 +244,33 @@ def test_unreadable_settings_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"key length 8, value length 8 and 4 rotary "
                                          "dimensions"):
         from_gguf(partial)
+
+
+def test_docstring_example_runs(tmp_path):
+    import doctest
+
+    path = write_gguf(tiny_model("llama"), tmp_path / "model-Q8_0.gguf",
+                      types=lambda name, array: Q.Q8_0)
+    namespace = {"from_gguf": from_gguf}
+    examples = doctest.DocTestParser().get_examples(from_gguf.__doc__)
+    assert examples
+    for example in examples:
+        source = example.source.replace('"path/to/model-Q8_0.gguf"', repr(str(path)))
+        assert "path/to/" not in source, source
+        exec(source, namespace)
+    assert isinstance(namespace["model"], CausalLM)
+
+
+def test_keras_file_round_trip_keeps_the_tokenizer(tmp_path):
+    import keras
+
+    model = from_gguf(write_gguf(tiny_model("qwen2"), tmp_path / "q.gguf",
+                                 types=lambda name, array: Q.Q4_0))
+    model.save(tmp_path / "lm.keras")
+    loaded = keras.saving.load_model(tmp_path / "lm.keras")
+    ids, mask = batch(vocabulary_size=VOCABULARY_SIZE)
+    np.testing.assert_allclose(keras_logits(loaded, ids, mask), keras_logits(model, ids, mask),
+                               atol=1e-6)
+    assert tuple(loaded.stop_token_ids) == (1,)
+    assert loaded.preprocessor.tokenizer(["To be, or"]) == model.preprocessor.tokenizer(
+        ["To be, or"])
