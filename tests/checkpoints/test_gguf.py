@@ -44,17 +44,17 @@ def _greedy_keras(model, ids, steps):
     return np.asarray(out["token_ids"])[:, ids.shape[1]:]
 
 
-def _compare(path, reference=None, atol=1e-4):
+def _compare(path, references=None, atol=1e-4):
     """Logits on a right-padded batch and 6 greedy tokens: keras_xf's load of `path` against
-    `reference` (`transformers` loading the same file, when `None`)."""
+    each of `references` (`transformers` loading the same file, when `None`)."""
     model = from_gguf(path)
-    reference = _hf_from_gguf(path) if reference is None else reference
     ids, mask = batch(vocabulary_size=VOCABULARY_SIZE)
-    assert_logits_equal(keras_logits(model, ids, mask), reference_logits(reference, ids, mask),
-                        mask, atol=atol)
+    logits = keras_logits(model, ids, mask)
     prompt = ids[:1, :5]
-    np.testing.assert_array_equal(_greedy_keras(model, prompt, 6),
-                                  _greedy_hf(reference, prompt, 6))
+    tokens = _greedy_keras(model, prompt, 6)
+    for reference in references or [_hf_from_gguf(path)]:
+        assert_logits_equal(logits, reference_logits(reference, ids, mask), mask, atol=atol)
+        np.testing.assert_array_equal(tokens, _greedy_hf(reference, prompt, 6))
     return model
 
 
@@ -62,11 +62,10 @@ def _compare(path, reference=None, atol=1e-4):
 def test_float32_file_equals_transformers(kind, tmp_path):
     source = tiny_model(kind)
     path = write_gguf(source, tmp_path / f"{kind}.gguf")
-    model = _compare(path)
+    # transformers' reading, and the model written out (the q/k permutation undone; Mistral,
+    # a `llama` file, with a window longer than the batch).
+    model = _compare(path, [_hf_from_gguf(path), source])
     assert isinstance(model, CausalLM)
-    # The GGUF's reading equals the model it was written from (the q/k permutation undone;
-    # Mistral, a `llama` file, with a window longer than the batch).
-    _compare(path, reference=source)
 
 
 def test_gemma_file_equals_the_model_it_was_written_from(tmp_path):
@@ -74,7 +73,7 @@ def test_gemma_file_equals_the_model_it_was_written_from(tmp_path):
     # whose norm scales llama.cpp stores as 1 + w; tied embeddings (no output.weight).
     source = tiny_model("gemma", tie=True)
     path = write_gguf(source, tmp_path / "gemma.gguf")
-    model = _compare(path, reference=source)
+    model = _compare(path, [source])
     assert model.backbone.tie_embeddings and model.backbone.embedding_scale
 
 
