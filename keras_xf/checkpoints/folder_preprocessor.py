@@ -20,10 +20,19 @@ def folder_preprocessor(model, directory, max_length=None, truncate=False, lower
     `truncate`: texts longer than that are cut to it, as the folder's own library does;
     `lowercase`: texts are lowercased first (sentence-transformers' `do_lower_case`).
     `None` when the folder has no `tokenizer.json` or the model takes no preprocessor."""
-    kind = model.preprocessor_class
-    if kind is None or not os.path.isfile(os.path.join(directory, "tokenizer.json")):
+    if model.preprocessor_class is None or not os.path.isfile(
+            os.path.join(directory, "tokenizer.json")):
         return None
-    tokenizer = HuggingFaceTokenizer(directory, lowercase=lowercase)
+    return task_preprocessor(model, HuggingFaceTokenizer(directory, lowercase=lowercase),
+                             max_length=max_length, truncate=truncate)
+
+
+def task_preprocessor(model, tokenizer, max_length=None, truncate=False):
+    """The preprocessor of `model`'s kind over `tokenizer` (see `folder_preprocessor`), or
+    `None` when the model takes none."""
+    kind = model.preprocessor_class
+    if kind is None:
+        return None
     bound = model.backbone.max_sequence_length if model.backbone is not None else None
     length = min(bound or DEFAULT_SEQUENCE_LENGTH, max_length or DEFAULT_SEQUENCE_LENGTH,
                  DEFAULT_SEQUENCE_LENGTH)

@@ -19,12 +19,41 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
+def read_json_file(path, what):
+    """The JSON value in `path`, or a `ValueError` naming the file (`what` it should hold)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({what}): {error}") from None
+
+
 def _header(path):
-    """The tensor table of a safetensors file and the offset where its data begins."""
+    """The tensor table of a safetensors file and the offset where its data begins; a
+    `ValueError` naming the file when the header cannot be read or the file is shorter than
+    its table says (a truncated copy)."""
+    size = os.path.getsize(path)
     with open(path, "rb") as file:
-        (length,) = struct.unpack("<Q", file.read(8))
-        header = json.loads(file.read(length))
-    header.pop("__metadata__", None)
+        prefix = file.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"The safetensors header of {path} cannot be read: the file has "
+                             f"{size} bytes, fewer than the 8 of its header length.")
+        (length,) = struct.unpack("<Q", prefix)
+        if 8 + length > size:
+            raise ValueError(f"The safetensors header of {path} cannot be read: it claims "
+                             f"{length} bytes, the file has {size}.")
+        try:
+            header = json.loads(file.read(length))
+            if not isinstance(header, dict):
+                raise ValueError(f"a JSON {type(header).__name__}, not an object")
+            header.pop("__metadata__", None)
+            end = max([int(e["data_offsets"][1]) for e in header.values()], default=0)
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError) as error:
+            raise ValueError(f"The safetensors header of {path} cannot be read: "
+                             f"{error}") from None
+    if 8 + length + end > size:
+        raise ValueError(f"{path} is truncated: its header needs {8 + length + end} bytes, "
+                         f"the file has {size}.")
     return header, 8 + length
 
 
@@ -39,6 +68,11 @@ class SafetensorsFolder:
     Args:
         directory: a folder with `config.json` and `model.safetensors`, or the sharded files
             and `model.safetensors.index.json`.
+
+    Raises:
+        ValueError: a folder without these files; a `config.json` or index that is not JSON,
+            a safetensors file whose header cannot be read, or one shorter than its header
+            says (a truncated copy: the bytes needed and found), each naming the file.
     """
 
     def __init__(self, directory):
@@ -49,11 +83,15 @@ class SafetensorsFolder:
                 "directory must be a Hugging Face checkpoint folder with a config.json. "
                 f"Received: directory={directory!r}"
             )
-        with open(config_path) as file:
-            self.config = json.load(file)
+        self.config = read_json_file(config_path, "the model's config")
+        if not isinstance(self.config, dict):
+            raise ValueError(f"{config_path} holds a JSON {type(self.config).__name__}, not "
+                             "the object of a model's config.")
         if os.path.isfile(os.path.join(directory, INDEX)):
-            with open(os.path.join(directory, INDEX)) as file:
-                files = sorted(set(json.load(file)["weight_map"].values()))
+            index = read_json_file(os.path.join(directory, INDEX), "the shards' index")
+            if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+                raise ValueError(f"{os.path.join(directory, INDEX)} has no weight_map object.")
+            files = sorted(set(index["weight_map"].values()))
         elif os.path.isfile(os.path.join(directory, SINGLE)):
             files = [SINGLE]
         else:

@@ -22,8 +22,8 @@ def run_block(source, line, folders):
     return namespace
 
 
-def test_page_has_the_two_snippets():
-    assert len(python_blocks(str(PAGE))) == 2
+def test_page_has_the_three_snippets():
+    assert len(python_blocks(str(PAGE))) == 3
 
 
 def test_load_generate_fit_and_write_back(tmp_path, capsys):
@@ -50,3 +50,17 @@ def test_sentence_embeddings(tmp_path):
     assert namespace["embeddings"].shape == (2, 16)
     np.testing.assert_allclose(np.linalg.norm(namespace["embeddings"], axis=-1), 1.0, atol=1e-5)
     assert namespace["settings"]["max_seq_length"] == 24
+
+
+def test_gguf_file(tmp_path, capsys):
+    gguf = pytest.importorskip("gguf")
+    from tests.checkpoints.gguf_files import tiny_model
+    from tests.checkpoints.gguf_files import write_gguf
+
+    path = write_gguf(tiny_model("llama"), tmp_path / "model-Q8_0.gguf",
+                      types=lambda name, array: gguf.GGMLQuantizationType.Q8_0)
+    line, source = python_blocks(str(PAGE))[2]
+    namespace = run_block(source, line, {"path/to/model-Q8_0.gguf": path})
+    printed = capsys.readouterr().out
+    assert "To be, or" in printed and "'bos_token': '<s>'" in printed
+    assert namespace["model"].preprocessor is not None
