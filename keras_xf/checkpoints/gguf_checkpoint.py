@@ -32,49 +32,22 @@ def _value(field, gguf):
     return field.parts[-1].tolist()[0]
 
 
-def _reader_class(gguf):
-    """`gguf.GGUFReader` that first checks the file holds every tensor's bytes."""
-
-    class Reader(gguf.GGUFReader):
-        def _build_tensors(self, start_offs, fields):
-            # Each tensor-info field's parts: name length, name, dimension count, dimensions,
-            # type, offset from the data start (the GGUF layout).
-            end = start_offs
-            for field in fields:
-                _, _, _, dims, kind, offset = field.parts
-                block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(kind[0]))]
-                elements = 1
-                for d in dims.tolist():
-                    elements *= int(d)
-                end = max(end, start_offs + int(offset[0]) + elements * size // block)
-            if end > len(self.data):
-                raise _Truncated(end, len(self.data))
-            super()._build_tensors(start_offs, fields)
-
-    return Reader
-
-
-class _Truncated(Exception):
-    def __init__(self, expected, found):
-        super().__init__(expected, found)
-        self.expected, self.found = expected, found
-
-
 class GGUFCheckpoint:
     """A GGUF file of the Llama family in the shape of a `SafetensorsFolder`: `config` is the
     Hugging Face config dict its metadata gives (`gguf_config.hf_config`), and each tensor is
     read by its Hugging Face name, dequantised to float32 by `gguf.quants.dequantize` when
     asked for (the file stays memory-mapped) and turned back from llama.cpp's layout.
 
-    The file is checked when opened: the `GGUF` magic, a readable header, every tensor's
-    bytes present, and every tensor of a type in `SUPPORTED_TYPES`.
+    The file is checked when opened: the `GGUF` magic, a header and tensors that the `gguf`
+    package reads whole (a file cut short fails there), and every tensor of a type in
+    `SUPPORTED_TYPES`.
 
     Args:
         path: the `.gguf` file.
 
     Raises:
-        ValueError: a file that is not GGUF (its magic), truncated (expected and found sizes),
-            or whose header cannot be read; a tensor type keras_xf does not dequantise, or a
+        ValueError: a file that is not GGUF (its magic), or truncated or damaged so that its
+            header or tensors cannot be read (its size named); a tensor type keras_xf does not dequantise, or a
             model it does not express (`gguf_config.hf_config`), named.
     """
 
@@ -88,15 +61,15 @@ class GGUFCheckpoint:
         if magic != MAGIC:
             raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not the "
                              f"magic {MAGIC!r}.")
+        size = os.path.getsize(path)
         try:
-            reader = _reader_class(gguf)(path)
-        except _Truncated as error:
-            raise ValueError(f"The GGUF file {path} is truncated: its tensors need "
-                             f"{error.expected} bytes, the file has {error.found}.") from None
+            reader = gguf.GGUFReader(path)
         except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as error:
-            size = os.path.getsize(path)
-            raise ValueError(f"The header of the GGUF file {path} ({size} bytes) cannot be "
-                             f"read, it is damaged or truncated: {error}") from None
+            # The reader maps the file and cuts its header and tensors from the map: a file
+            # cut short fails in the header or in a tensor's shape, in either case here.
+            raise ValueError(f"The GGUF file {path} ({size} bytes) cannot be read: it is "
+                             f"truncated or its header is damaged ({error}).") from None
+
         self.directory = path
         self.metadata = {name: _value(field, gguf) for name, field in reader.fields.items()}
         self.architecture = self.metadata.get("general.architecture")

@@ -104,8 +104,8 @@ def test_truncated_gguf(gguf_file, tmp_path):
     data = gguf_file.read_bytes()
     path = tmp_path / "cut.gguf"
     path.write_bytes(data[:-64])
-    message = (f"The GGUF file {path} is truncated: its tensors need {len(data)} bytes, "
-               f"the file has {len(data) - 64}")
+    message = (f"The GGUF file {path} ({len(data) - 64} bytes) cannot be read: it is "
+               "truncated or its header is damaged")
     with pytest.raises(ValueError, match=re.escape(message)):
         from_gguf(path)
 
@@ -113,8 +113,9 @@ def test_truncated_gguf(gguf_file, tmp_path):
 def test_gguf_cut_inside_its_header(gguf_file, tmp_path):
     path = tmp_path / "cut.gguf"
     path.write_bytes(gguf_file.read_bytes()[:200])
-    with pytest.raises(ValueError, match=rf"The header of the GGUF file {re.escape(str(path))} "
-                                         r"\(200 bytes\) cannot be read"):
+    with pytest.raises(ValueError, match=rf"The GGUF file {re.escape(str(path))} \(200 bytes\) "
+                                         r"cannot be read: it is truncated or its header is "
+                                         r"damaged"):
         from_gguf(path)
 
 
