@@ -58,9 +58,10 @@ def test_only_the_adapters_train_and_the_model_starts_unchanged():
     np.testing.assert_allclose(logits(model, x), before, atol=1e-5)
     names = {v.path.rsplit("/", 1)[-1] for v in model.trainable_variables}
     assert names == {"lora_kernel_a", "lora_kernel_b"}
-    # d=16, H=2, Dh=8, f=32, r=2: query/key/value A [16, 2, 2] + B [2, 8]; output A [2, 8, 2]
-    # + B [2, 16]; ffn hidden A [16, 2] + B [2, 32]; ffn output A [32, 2] + B [2, 16].
-    expected = 3 * (64 + 16) + (32 + 32) + (32 + 64) + (64 + 32)
+    # d=16, H=2, Dh=8, f=32, r=2: query/key/value A [16, 2] + B [2, 2, 8] (the update of the
+    # [16, 16] matrix, as PEFT's); output A [2, 8, 2] + B [2, 16]; ffn hidden A [16, 2] +
+    # B [2, 32]; ffn output A [32, 2] + B [2, 16].
+    expected = 3 * (32 + 32) + (32 + 32) + (32 + 64) + (64 + 32)
     assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == expected
     assert model.lora_settings == {"rank": 2, "alpha": 2, "targets": ALL}
 
@@ -170,6 +171,27 @@ def test_adapter_file_errors(tmp_path):
     deeper = causal_lm(num_layers=2)
     with pytest.raises(ValueError, match="lacks"):
         deeper.load_lora_weights(path)
+
+
+def test_head_projection_lora_is_the_update_of_the_flattened_matrix():
+    from keras_xf.layers.lora.lora_einsum_dense import LoRAEinsumDense
+
+    rng = np.random.default_rng(2)
+    inputs = rng.normal(size=(2, 3, 6)).astype("float32")
+    dense = LoRAEinsumDense("btd,dhk->bthk", output_shape=(None, 2, 4), bias_axes="hk")
+    dense(inputs)
+    base = keras.ops.convert_to_numpy(dense.kernel)
+    dense.enable_lora(3, lora_alpha=6)
+    dense.lora_kernel_b.assign(rng.normal(size=(3, 2, 4)).astype("float32"))
+    flat = np.array(dense.lora_kernel_a) @ np.array(dense.lora_kernel_b).reshape(3, 8)
+    merged = base + 2.0 * flat.reshape(6, 2, 4)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(dense.kernel), merged, atol=1e-5)
+    expected = np.einsum("btd,dhk->bthk", inputs, merged) + np.array(dense.bias)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(dense(inputs)), expected, atol=1e-4)
+    dense.quantize("int8")  # the int8 product plus the float update
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(dense(inputs)), expected, atol=0.05)
+    with pytest.raises(ValueError, match="LoRA is already enabled on"):
+        dense.enable_lora(2)
 
 
 def test_expert_weights_lora_equals_the_merged_kernel():

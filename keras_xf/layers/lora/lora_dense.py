@@ -25,3 +25,6 @@ class LoRADense(LoRASaving, keras.layers.Dense):
     >>> dense.enable_lora(2)
     >>> [v.name for v in dense.trainable_variables]  # ['bias', 'lora_kernel_a', 'lora_kernel_b']
     """
+
+    def _adapters_on(self):
+        return self.lora_enabled

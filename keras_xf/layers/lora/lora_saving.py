@@ -9,7 +9,8 @@ class LoRASaving:
     Keras' own `Dense` and `EinsumDense` save the merged kernel and, on loading, set `A` and
     `B` to zero, which leaves adapters that can no longer learn (the gradient of `A` is
     `∝ B = 0` and that of `B` is `∝ A = 0`). A layer without LoRA saves as Keras' does.
-    Mixed into a subclass of `keras.layers.Dense` or `keras.layers.EinsumDense`.
+    Mixed into a subclass of `keras.layers.Dense` or `keras.layers.EinsumDense` that says
+    through `_adapters_on()` whether its adapters `lora_kernel_a`, `lora_kernel_b` exist.
     """
 
     def _lora_variables(self):
@@ -30,13 +31,13 @@ class LoRASaving:
         return variables + [self.lora_kernel_a, self.lora_kernel_b]
 
     def save_own_variables(self, store):
-        if not (self.built and self.lora_enabled):
+        if not (self.built and self._adapters_on()):
             return super().save_own_variables(store)
         for index, variable in enumerate(self._lora_variables()):
             store[str(index)] = variable
 
     def load_own_variables(self, store):
-        if not (self.built and self.lora_enabled):
+        if not (self.built and self._adapters_on()):
             return super().load_own_variables(store)
         variables = self._lora_variables()
         if len(store.keys()) != len(variables):

@@ -93,11 +93,17 @@ def enable(model, rank, alpha, targets):
             variable.trainable = False
 
 
-def adapter_layers(model):
-    """The LoRA-enabled projections of `model` (`Dense`, `EinsumDense`, `ExpertWeights`)."""
+def _has_adapters(layer):
+    if isinstance(layer, LoRAEinsumDense):  # its own adapters; Keras' LoRA stays off
+        return layer.lora_adapters_enabled
     kinds = (keras.layers.Dense, keras.layers.EinsumDense, ExpertWeights)
-    return [layer for layer in sublayers(model)
-            if isinstance(layer, kinds) and layer.lora_enabled]
+    return isinstance(layer, kinds) and layer.lora_enabled
+
+
+def adapter_layers(model):
+    """The projections of `model` with LoRA adapters (keras_xf's `LoRAEinsumDense` and
+    `ExpertWeights`, Keras' `Dense` and `EinsumDense`)."""
+    return [layer for layer in sublayers(model) if _has_adapters(layer)]
 
 
 def adapter_variables(model):
