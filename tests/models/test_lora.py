@@ -262,3 +262,12 @@ def test_torch_export_serves_the_lora_logits(tmp_path):
     with torch.no_grad():
         served = module({name: torch.from_numpy(value) for name, value in x.items()})
     np.testing.assert_allclose(served.detach().numpy(), logits(model, x), atol=1e-4)
+
+
+def test_structured_pruning_refuses_head_projections_with_adapters():
+    from keras_xf.surgery import prune_structure
+
+    model = causal_lm(num_layers=1)
+    model.enable_lora(2, targets=["query"])
+    with pytest.raises(ValueError, match="LoRA-enabled or quantised projection"):
+        prune_structure(model, heads=[[0]])

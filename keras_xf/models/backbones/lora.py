@@ -10,6 +10,7 @@ import keras
 from keras_xf.layers.feedforward.expert_weights import ExpertWeights
 from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.layers.feedforward.mixture_of_experts import MixtureOfExperts
+from keras_xf.layers.lora.adapters import has_lora
 from keras_xf.layers.lora.lora_einsum_dense import LoRAEinsumDense
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_positive_number
@@ -94,10 +95,9 @@ def enable(model, rank, alpha, targets):
 
 
 def _has_adapters(layer):
-    if isinstance(layer, LoRAEinsumDense):  # its own adapters; Keras' LoRA stays off
-        return layer.lora_adapters_enabled
-    kinds = (keras.layers.Dense, keras.layers.EinsumDense, ExpertWeights)
-    return isinstance(layer, kinds) and layer.lora_enabled
+    if isinstance(layer, ExpertWeights):
+        return layer.lora_enabled
+    return has_lora(layer)
 
 
 def adapter_layers(model):
