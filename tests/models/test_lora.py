@@ -271,3 +271,24 @@ def test_structured_pruning_refuses_head_projections_with_adapters():
     model.enable_lora(2, targets=["query"])
     with pytest.raises(ValueError, match="LoRA-enabled or quantised projection"):
         prune_structure(model, heads=[[0]])
+
+
+def test_backbone_lora_round_trips_in_the_task_and_generates(tmp_path):
+    model = causal_lm(num_layers=1)
+    model.backbone.enable_lora(2, targets=["query", "value", "ffn_output"])
+    assert model.lora_settings is None and model.backbone.lora_settings["rank"] == 2
+    model.compile(optimizer=keras.optimizers.Adam(1e-2))
+    x, y = data()
+    model.fit(x, y, epochs=2, verbose=0)
+    path = str(tmp_path / "task.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(logits(loaded, x), logits(model, x), atol=1e-5)
+    # Greedy generation decodes with the adapters: its first new token is the argmax of
+    # the full forward pass at the prompt's last position.
+    prompts = np.array([[5, 6, 7, 0, 0, 0], [8, 9, 10, 11, 0, 0]], "int32")
+    generated = model.generate({"token_ids": prompts, "padding_mask": prompts != 0},
+                               max_length=6, stop_token_ids=None, sampler="greedy")
+    full = logits(model, {"token_ids": prompts, "padding_mask": (prompts != 0).astype("int32")})
+    np.testing.assert_array_equal(generated["token_ids"][[0, 1], [3, 4]],
+                                  full[[0, 1], [2, 3]].argmax(-1))
