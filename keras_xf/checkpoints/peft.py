@@ -8,8 +8,9 @@ A PEFT folder holds `adapter_config.json` (`peft_type: "LORA"`, `r`, `lora_alpha
 own axes: `A [*input axes, r]`, `B [r, *output axes]` (`LoRAEinsumDense`, `Dense`).
 
 Families: the Llama layout (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`),
-whose modules are `model.layers.<i>.self_attn.{q,k,v,o}_proj` and
-`model.layers.<i>.mlp.{gate,up,down}_proj`.
+whose modules are `model.layers.<i>.self_attn.{q,k,v,o}_proj`,
+`model.layers.<i>.mlp.{gate,up,down}_proj` and the untied `lm_head` (keras_xf's targets
+`"query"` … `"ffn_output"` and `"output_head"`).
 """
 
 import json
@@ -28,7 +29,9 @@ MODULES = {
     "ffn_gate": ("mlp", "gate_proj"), "ffn_hidden": ("mlp", "up_proj"),
     "ffn_output": ("mlp", "down_proj"),
 }
-TARGETS = {module: target for target, (_, module) in MODULES.items()}
+# The untied output projection (`TokenEmbedding.enable_lora`) ↔ `lm_head`.
+HEAD = ("output_head", "lm_head")
+TARGETS = {**{module: target for target, (_, module) in MODULES.items()}, HEAD[1]: HEAD[0]}
 PREFIX = "base_model.model"
 # Settings of a PEFT LoRA config that keras_xf's adapters cannot express, with the value
 # that they can.
@@ -63,10 +66,19 @@ def _settings(model):
     return model.lora_settings or model.backbone.lora_settings
 
 
-def _names(index, target):
-    part, module = MODULES[target]
-    name = f"{PREFIX}.model.layers.{index}.{part}.{module}"
-    return f"{name}.lora_A.weight", f"{name}.lora_B.weight"
+def _adapted(model, blocks, targets):
+    """`[(lora_A name, lora_B name, layer)]` of every adapted projection of `model`."""
+    adapted = []
+    for index, block in enumerate(blocks):
+        for target in targets:
+            if target in MODULES:
+                part, module = MODULES[target]
+                adapted.append((f"{PREFIX}.model.layers.{index}.{part}.{module}",
+                                _layer(block, target)))
+    if HEAD[0] in targets:
+        adapted.append((f"{PREFIX}.{HEAD[1]}", model.backbone.embeddings.token_embedding))
+    return [(f"{name}.lora_A.weight", f"{name}.lora_B.weight", layer)
+            for name, layer in adapted]
 
 
 def to_peft(model, directory):
@@ -97,17 +109,15 @@ def to_peft(model, directory):
     if settings is None:
         raise ValueError(f"{model.name} has no LoRA adapters: call enable_lora first.")
     tensors = {}
-    for index, block in enumerate(blocks):
-        for target in settings["targets"]:
-            layer = _layer(block, target)
-            a = keras.ops.convert_to_numpy(layer.lora_kernel_a).astype("float32")
-            b = keras.ops.convert_to_numpy(layer.lora_kernel_b).astype("float32")
-            name_a, name_b = _names(index, target)
-            tensors[name_a] = np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)
-            tensors[name_b] = np.ascontiguousarray(b.reshape(b.shape[0], -1).T)
+    for name_a, name_b, layer in _adapted(model, blocks, settings["targets"]):
+        a = keras.ops.convert_to_numpy(layer.lora_kernel_a).astype("float32")
+        b = keras.ops.convert_to_numpy(layer.lora_kernel_b).astype("float32")
+        tensors[name_a] = np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)
+        tensors[name_b] = np.ascontiguousarray(b.reshape(b.shape[0], -1).T)
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": settings["rank"],
               "lora_alpha": settings["alpha"], "lora_dropout": 0.0, "use_rslora": False,
-              "target_modules": sorted(MODULES[t][1] for t in settings["targets"]),
+              "target_modules": sorted(m for m, t in TARGETS.items()
+                                       if t in settings["targets"]),
               "base_model_name_or_path": None, "inference_mode": True, **_PLAIN}
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "adapter_config.json"), "w") as file:
@@ -138,7 +148,7 @@ def read_config(directory):
     rank, alpha = int(config["r"]), config["lora_alpha"]
     if config.get("use_rslora", False):
         alpha = alpha * math.sqrt(rank)
-    targets = [t for t in MODULES if MODULES[t][1] in modules]
+    targets = [TARGETS[m] for m in sorted(TARGETS) if m in modules]
     return rank, alpha, targets
 
 
@@ -172,21 +182,30 @@ def from_peft(model, directory):
     tensors = load_file(os.path.join(directory, "adapter_model.safetensors"))
     tensors = {name.replace(".default.", "."): value for name, value in tensors.items()}
     used = set()
-    for index, block in enumerate(blocks):
-        for target in targets:
-            layer = _layer(block, target)
-            a, b = layer.lora_kernel_a, layer.lora_kernel_b
-            # PEFT's `lora_A [r, Π inputs]` and `lora_B [Π outputs, r]`, transposed.
-            expected = ((a.shape[-1], int(np.prod(a.shape[:-1]))),
-                        (int(np.prod(b.shape[1:])), b.shape[0]))
-            for name, variable, shape in zip(_names(index, target), (a, b), expected):
-                if name not in tensors:
-                    raise ValueError(f"The adapter in {directory} lacks tensor {name!r}.")
-                if tuple(tensors[name].shape) != shape:
-                    raise ValueError(f"The adapter tensor {name!r} in {directory} has shape "
-                                     f"{tuple(tensors[name].shape)}; the model's takes {shape}.")
-                variable.assign(tensors[name].astype("float32").T.reshape(variable.shape))
-                used.add(name)
+    for name_a, name_b, layer in _adapted(model, blocks, targets):
+        a, b = layer.lora_kernel_a, layer.lora_kernel_b
+        # PEFT's `lora_A [r, Π inputs]` and `lora_B [Π outputs, r]`, transposed.
+        expected = ((a.shape[-1], int(np.prod(a.shape[:-1]))),
+                    (int(np.prod(b.shape[1:])), b.shape[0]))
+        for name, variable, shape in zip((name_a, name_b), (a, b), expected):
+            if name not in tensors:
+                raise ValueError(f"The adapter in {directory} lacks tensor {name!r}.")
+            if tuple(tensors[name].shape) != shape:
+                raise ValueError(f"The adapter tensor {name!r} in {directory} has shape "
+                                 f"{tuple(tensors[name].shape)}; the model's takes {shape}.")
+            variable.assign(tensors[name].astype("float32").T.reshape(variable.shape))
+            used.add(name)
+    head_weight = f"{PREFIX}.{HEAD[1]}.base_layer.weight"
+    if HEAD[0] in targets and head_weight in tensors:
+        # PEFT saves an adapted output layer's own weight beside its adapters (and loads it
+        # back over the base's): the untied `W_out` `[V, d]`, transposed.
+        table = model.backbone.embeddings.token_embedding.reverse_embeddings
+        if tuple(tensors[head_weight].shape[::-1]) != tuple(table.shape):
+            raise ValueError(f"The adapter tensor {head_weight!r} in {directory} has shape "
+                             f"{tuple(tensors[head_weight].shape)}; the model's output "
+                             f"projection is {tuple(table.shape[::-1])}.")
+        table.assign(tensors[head_weight].astype(table.dtype).T)
+        used.add(head_weight)
     unused = sorted(set(tensors) - used)
     if unused:
         raise ValueError(f"The adapter in {directory} has tensors that no adapter of "

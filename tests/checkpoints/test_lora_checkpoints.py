@@ -1,6 +1,7 @@
 """A LoRA model written by `to_huggingface` holds the merged weights `W + (α/r)·A·B`: the
 folder, read back by `from_huggingface` and by `transformers`, gives the LoRA model's logits
-(GPT-2's fused `c_attn`, Llama's separate projections and feedforward, Mixtral's experts)."""
+(GPT-2's fused `c_attn`, Llama's separate projections, feedforward and untied `lm_head`,
+Mixtral's experts)."""
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from tests.checkpoints.hf_checks import reference_logits  # noqa: E402
 TARGETS = {
     "gpt2": ["query", "key", "value", "attention_output", "ffn_hidden", "ffn_output"],
     "llama": ["query", "key", "value", "attention_output", "ffn_hidden", "ffn_gate",
-              "ffn_output"],
+              "ffn_output", "output_head"],
     "mixtral": ["query", "value", "expert_in", "expert_gate", "expert_out"],
 }
 

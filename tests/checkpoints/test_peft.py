@@ -21,8 +21,10 @@ from tests.checkpoints.hf_checks import keras_logits  # noqa: E402
 from tests.checkpoints.hf_checks import reference_logits  # noqa: E402
 from tests.models.tiny import causal_lm  # noqa: E402
 
-ALL = ["query", "key", "value", "attention_output", "ffn_gate", "ffn_hidden", "ffn_output"]
-MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ALL = ["query", "key", "value", "attention_output", "ffn_gate", "ffn_hidden", "ffn_output",
+       "output_head"]
+MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+           "lm_head"]
 
 
 @pytest.fixture(scope="module")

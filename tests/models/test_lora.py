@@ -292,3 +292,28 @@ def test_backbone_lora_round_trips_in_the_task_and_generates(tmp_path):
     full = logits(model, {"token_ids": prompts, "padding_mask": (prompts != 0).astype("int32")})
     np.testing.assert_array_equal(generated["token_ids"][[0, 1], [3, 4]],
                                   full[[0, 1], [2, 3]].argmax(-1))
+
+
+def test_output_head_adapters_train_save_and_merge(tmp_path):
+    model = causal_lm(num_layers=1, tie_embeddings=False)
+    x, y = data()
+    before = logits(model, x)
+    model.enable_lora(2, alpha=4, targets=["output_head"])
+    embedding = model.backbone.embeddings.token_embedding
+    assert [v.path.rsplit("/", 1)[-1] for v in model.trainable_variables] == \
+        ["lora_kernel_a", "lora_kernel_b"]
+    np.testing.assert_allclose(logits(model, x), before, atol=1e-5)
+    model.compile(optimizer=keras.optimizers.Adam(3e-2))
+    history = model.fit(x, y, epochs=4, verbose=0).history["loss"]
+    assert history[-1] < history[0]
+    merged = keras.ops.convert_to_numpy(embedding.reverse_embeddings) + 2.0 * (
+        keras.ops.convert_to_numpy(embedding.lora_kernel_a)
+        @ keras.ops.convert_to_numpy(embedding.lora_kernel_b))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(embedding.reverse_kernel), merged,
+                               atol=1e-5)
+    path = str(tmp_path / "head.keras")
+    model.save(path)
+    np.testing.assert_allclose(logits(keras.saving.load_model(path), x), logits(model, x),
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="tied to the token table takes no adapters"):
+        causal_lm(num_layers=1).enable_lora(2, targets=["output_head"])

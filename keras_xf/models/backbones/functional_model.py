@@ -93,11 +93,14 @@ class FunctionalModel(keras.Model):
                 `"attention_output"` (every attention layer's), `"ffn_hidden"`, `"ffn_gate"`,
                 `"ffn_output"` (every `FeedForward`'s, shared experts included),
                 `"expert_in"`, `"expert_gate"`, `"expert_out"` (every mixture of experts'
-                stacked experts). Default `("query", "value")`, keras-hub's.
+                stacked experts), `"output_head"` (the untied output projection of a
+                `TokenEmbedding`, `A [d, rank]`, `B [rank, V]`). Default `("query",
+                "value")`, keras-hub's.
 
         Raises:
             ValueError: a bad `rank` or `alpha`, an unknown target or one the model lacks,
-                a target in a frozen layer (`trainable=False`), or LoRA already enabled.
+                a target in a frozen layer (`trainable=False`), `"output_head"` on tied
+                embeddings, or LoRA already enabled.
 
         Example:
         >>> model = CausalLM(vocabulary_size=64, hidden_dim=16, num_heads=2,  # doctest: +SKIP

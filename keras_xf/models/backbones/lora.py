@@ -7,6 +7,7 @@ import os
 
 import keras
 
+from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
 from keras_xf.layers.feedforward.expert_weights import ExpertWeights
 from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.layers.feedforward.mixture_of_experts import MixtureOfExperts
@@ -29,7 +30,10 @@ EXPERT_TARGETS = {
     "expert_gate": lambda moe: moe.experts_gate,
     "expert_out": lambda moe: moe.experts_out,
 }
-TARGETS = ATTENTION_TARGETS + tuple(FEEDFORWARD_TARGETS) + tuple(EXPERT_TARGETS)
+# The untied output projection of a `TokenEmbedding` (a tied one is the token table).
+HEAD_TARGET = "output_head"
+TARGETS = (ATTENTION_TARGETS + tuple(FEEDFORWARD_TARGETS) + tuple(EXPERT_TARGETS)
+           + (HEAD_TARGET,))
 # keras-hub's default: the query and value projections (Hu et al. 2021, §7.1).
 DEFAULT_TARGETS = ("query", "value")
 # The suffix of adapter files (keras-hub's).
@@ -66,10 +70,15 @@ def target_layers(model, targets):
         elif isinstance(layer, MixtureOfExperts):
             found += [(t, get(layer)) for t, get in EXPERT_TARGETS.items()
                       if t in targets and get(layer) is not None]
+        elif isinstance(layer, TokenEmbedding) and HEAD_TARGET in targets \
+                and not layer.tie_weights:
+            found.append((HEAD_TARGET, layer))
     missing = sorted(set(targets) - {name for name, _ in found})
     if missing:
-        raise ValueError(f"targets names layers that {model.name} does not have: {missing}. "
-                         f"Received: targets={list(targets)}")
+        hint = (" (an output projection tied to the token table takes no adapters)"
+                if HEAD_TARGET in missing else "")
+        raise ValueError(f"targets names layers that {model.name} does not have: {missing}"
+                         f"{hint}. Received: targets={list(targets)}")
     return found
 
 
@@ -95,7 +104,7 @@ def enable(model, rank, alpha, targets):
 
 
 def _has_adapters(layer):
-    if isinstance(layer, ExpertWeights):
+    if isinstance(layer, (ExpertWeights, TokenEmbedding)):
         return layer.lora_enabled
     return has_lora(layer)
 
