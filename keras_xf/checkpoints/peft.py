@@ -35,9 +35,10 @@ TARGETS = {**{module: target for target, (_, module) in MODULES.items()}, HEAD[1
 PREFIX = "base_model.model"
 # Settings of a PEFT LoRA config that keras_xf's adapters cannot express, with the value
 # that they can.
-_PLAIN = {"bias": "none", "use_dora": False, "layers_to_transform": None,
+_PLAIN = {"bias": "none", "use_dora": False, "lora_bias": False, "layers_to_transform": None,
           "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {},
-          "fan_in_fan_out": False}
+          "fan_in_fan_out": False, "layer_replication": None, "target_parameters": None,
+          "trainable_token_indices": None}
 
 
 def _layer(block, target):
@@ -136,7 +137,7 @@ def read_config(directory):
         raise ValueError(f"The adapter in {directory} must be a LoRA adapter. Received: "
                          f"peft_type={config.get('peft_type')!r}")
     for key, plain in _PLAIN.items():
-        if config.get(key) not in (None, plain):
+        if config.get(key) not in (None, plain, [], {}):  # unset, or PEFT's default
             raise ValueError(f"keras_xf reads PEFT LoRA adapters with {key}={plain!r}. "
                              f"Received: {key}={config[key]!r} in {directory}")
     modules = config.get("target_modules")
