@@ -77,10 +77,12 @@ class FunctionalModel(keras.Model):
         random, `B [rank, d_out]` zero (so the model starts as it was), `W` frozen, and only
         the `A`s and `B`s train (`summary()` counts them alone as trainable).
 
-        Call it before `compile`. Keras' `Dense` / `EinsumDense` `enable_lora` adds the
-        adapters of attention and feedforward projections; into heads (`W [d, H, Dh]`) they
-        are per head, `A [d, H, rank]`, `B [rank, Dh]`, as in keras-hub. Each expert of a
-        mixture of experts gets its own `A`, `B` (`ExpertWeights.enable_lora`).
+        Call it before `compile`. Feedforward projections use Keras' `Dense.enable_lora`;
+        attention projections (`LoRAEinsumDense`) learn the update of their whole matrix,
+        into heads `A [d, rank]`, `B [rank, H, Dh]` (PEFT's `q_proj` LoRA, where Keras'
+        `EinsumDense` would learn one update per head); each expert of a mixture of experts
+        gets its own `A`, `B` (`ExpertWeights.enable_lora`), and an untied output head its
+        `A [d, rank]`, `B [rank, V]` (`TokenEmbedding.enable_lora`).
         The settings are saved in the model's config: a `.keras` file reloads with the same
         adapters, unmerged and trainable. `to_huggingface` writes the merged weights;
         `quantize` quantises the frozen `W` and keeps the adapters in float (QLoRA).
