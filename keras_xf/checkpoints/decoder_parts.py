@@ -87,4 +87,5 @@ def output_projection(backbone, ignored):
     if backbone.tie_embeddings:
         ignored.append(r"lm_head\.weight")
         return []
-    return [transposed("lm_head.weight", backbone.embeddings.token_embedding.reverse_embeddings)]
+    # `reverse_kernel`: the variable, or with LoRA the merged matrix (written).
+    return [transposed("lm_head.weight", backbone.embeddings.token_embedding.reverse_kernel)]

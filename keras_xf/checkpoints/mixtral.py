@@ -58,10 +58,11 @@ def _experts(prefix, moe):
     def names(weight):
         return [f"{prefix}.experts.{i}.{weight}.weight" for i in range(moe.num_experts)]
 
+    # `kernel`: the variable, or with LoRA enabled the merged `W + (α/r)·A·B` (written).
     return [linear(f"{prefix}.gate.weight", moe.router.kernel),
-            stacked(names("w1"), moe.expert_kernel_gate),
-            stacked(names("w3"), moe.expert_kernel_in),
-            stacked(names("w2"), moe.expert_kernel_out)]
+            stacked(names("w1"), moe.experts_gate.kernel),
+            stacked(names("w3"), moe.experts_in.kernel),
+            stacked(names("w2"), moe.experts_out.kernel)]
 
 
 def tensor_map(model, config):

@@ -127,7 +127,7 @@ def tensor_map(model, config):
         ignored.append(r"lm_head\.weight")
     else:
         entries.append(transposed("lm_head.weight",
-                                  backbone.decoder_embeddings.token_embedding.reverse_embeddings))
+                                  backbone.decoder_embeddings.token_embedding.reverse_kernel))
     return TensorMap(entries, ignored)
 
 

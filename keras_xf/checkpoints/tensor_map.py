@@ -178,10 +178,13 @@ class TensorMap:
                 + (f" ({error})" if error else ""))
 
     def tensors(self, dtype=None):
-        """`{name: array}` of every checkpoint tensor, from the variables' values."""
+        """`{name: array}` of every checkpoint tensor, from the variables' values. An entry
+        may hold a tensor instead of a variable: the merged kernel `W + (α/r)·A·B` that a
+        LoRA-enabled layer's `kernel` gives, so a LoRA model is written merged."""
         result = {}
         for entry in self.entries:
-            values = [keras.ops.convert_to_numpy(v.value) for v in entry.variables]
+            values = [keras.ops.convert_to_numpy(v.value if isinstance(v, keras.Variable) else v)
+                      for v in entry.variables]
             if dtype is not None:
                 values = [v.astype(dtype) for v in values]
             for name, array in zip(entry.names, entry.to_checkpoint(values)):

@@ -4,10 +4,10 @@
 Shared by `MultiHeadAttention` (and its subclasses) and `LinearAttention`.
 """
 
-import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.lora.lora_einsum_dense import LoRAEinsumDense
 
 INTO_HEADS = "btd,dhk->bthk"
 OUT_OF_HEADS = "bthk,hkd->btd"
@@ -16,8 +16,9 @@ OUT_OF_HEADS = "bthk,hkd->btd"
 def head_projection(name, equation, output_shape, bias_axes, *, use_bias, kernel_initializer,
                     bias_initializer, dtype):
     """An `EinsumDense` with `equation` (`INTO_HEADS` or `OUT_OF_HEADS`) and fresh copies of
-    the initializers (so that equal-shaped kernels do not share a seed)."""
-    return keras.layers.EinsumDense(
+    the initializers (so that equal-shaped kernels do not share a seed); a `LoRAEinsumDense`,
+    so that LoRA adapters survive a `.keras` save."""
+    return LoRAEinsumDense(
         equation,
         output_shape=output_shape,
         bias_axes=bias_axes if use_bias else None,

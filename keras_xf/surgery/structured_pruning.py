@@ -3,6 +3,7 @@
 from keras import ops
 
 from keras_xf.layers.cloning import serialize_layer
+from keras_xf.layers.lora.adapters import has_lora
 from keras_xf.surgery.prunable_parts import prunable_attention
 from keras_xf.surgery.prunable_parts import prunable_feedforward
 from keras_xf.surgery.prunable_parts import pruning_stack
@@ -50,7 +51,7 @@ def _kept_groups(kept, mixer, index):
 
 def _check_plain(layers, index):
     for layer in layers:
-        if layer.lora_enabled or layer.quantization_mode:
+        if has_lora(layer) or layer.quantization_mode:
             raise ValueError(
                 f"prune_structure needs plain kernels; layer {index} has a LoRA-enabled or "
                 f"quantised projection ({layer.name}). Prune before quantising or enabling LoRA."

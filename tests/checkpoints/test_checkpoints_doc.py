@@ -22,8 +22,8 @@ def run_block(source, line, folders):
     return namespace
 
 
-def test_page_has_the_three_snippets():
-    assert len(python_blocks(str(PAGE))) == 3
+def test_page_has_the_four_snippets():
+    assert len(python_blocks(str(PAGE))) == 4
 
 
 def test_load_generate_fit_and_write_back(tmp_path, capsys):
@@ -45,7 +45,7 @@ def test_sentence_embeddings(tmp_path):
 
     folder = write_sentence_folder(write_transformer_folder(tmp_path / "bert"),
                                    tmp_path / "sentences", "mean", normalize=True)
-    line, source = python_blocks(str(PAGE))[1]
+    line, source = python_blocks(str(PAGE))[2]
     namespace = run_block(source, line, {"path/to/all-MiniLM-L6-v2": folder})
     assert namespace["embeddings"].shape == (2, 16)
     np.testing.assert_allclose(np.linalg.norm(namespace["embeddings"], axis=-1), 1.0, atol=1e-5)
@@ -59,8 +59,28 @@ def test_gguf_file(tmp_path, capsys):
 
     path = write_gguf(tiny_model("llama"), tmp_path / "model-Q8_0.gguf",
                       types=lambda name, array: gguf.GGMLQuantizationType.Q8_0)
-    line, source = python_blocks(str(PAGE))[2]
+    line, source = python_blocks(str(PAGE))[3]
     namespace = run_block(source, line, {"path/to/model-Q8_0.gguf": path})
     printed = capsys.readouterr().out
     assert "To be, or" in printed and "'bos_token': '<s>'" in printed
     assert namespace["model"].preprocessor is not None
+
+
+def test_lora(tmp_path):
+    pytest.importorskip("peft")
+    from tests.preprocessing.folders import write_llama_folder
+
+    llama, _ = write_llama_folder(tmp_path / "llama")
+    line, source = python_blocks(str(PAGE))[1]
+    names = ["path/to/adapters.lora.h5", "path/to/lora.keras", "path/to/merged", "path/to/peft"]
+    namespace = run_block(source, line, {"path/to/llama": llama, **{
+        name: tmp_path / name.split("/")[-1] for name in names}})
+    model = namespace["model"]
+    ids = {"token_ids": np.array([[3, 4, 5, 6]], "int32"),
+           "padding_mask": np.ones((1, 4), "int32")}
+    expected = np.asarray(model.predict(ids, verbose=0))
+    for other in (namespace["again"], namespace["reloaded"]):
+        np.testing.assert_allclose(np.asarray(other.predict(ids, verbose=0)), expected,
+                                   atol=1e-5)
+    assert (tmp_path / "peft" / "adapter_model.safetensors").exists()
+    assert (tmp_path / "merged" / "model.safetensors").exists()

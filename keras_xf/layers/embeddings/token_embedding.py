@@ -9,6 +9,7 @@ from keras import ops
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.quantized_saving import QuantizedVariableSaving
 from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
 
@@ -35,6 +36,11 @@ class TokenEmbedding(QuantizedVariableSaving, keras.layers.Layer):
     factor out of the tied projection's sum over `d`). `float8` leaves the layer as it
     is with a warning, as `Model.quantize` does for Keras' `Embedding` (Keras has no float8
     embedding lookup).
+
+    LoRA on the output head (Hu et al. 2021; `enable_lora(rank, lora_alpha)`, untied only):
+    the logits become `h (W_out + (α/r)·A·B)` with `A [d, r]` random, `B [r, V]` zero and
+    `W_out` frozen (float adapters over a quantised `W_out`); `reverse_kernel` is that merged
+    matrix. The lookup table is left alone.
 
     Args:
         vocabulary_size: int, number of tokens.
@@ -76,6 +82,9 @@ class TokenEmbedding(QuantizedVariableSaving, keras.layers.Layer):
         self.embeddings_initializer = get_initializer(
             "embeddings_initializer", embeddings_initializer
         )
+        self.lora_enabled = False
+        self.lora_rank = None
+        self.lora_alpha = None
 
     def build(self, inputs_shape=None):
         if self.quantization_mode is not None:
@@ -119,7 +128,8 @@ class TokenEmbedding(QuantizedVariableSaving, keras.layers.Layer):
             if not self.tie_weights:
                 logits = ops.matmul(inputs, ops.cast(self._table("reverse_embeddings"),
                                                      self.compute_dtype))
-                return self._descale(logits, "reverse_embeddings_scale", quantized)
+                logits = self._descale(logits, "reverse_embeddings_scale", quantized)
+                return self._add_lora(inputs, logits)
             # int8: float hidden states times the int8 table, then the per-token scale; this
             # equals the dequantised table's logits (only weight rounding, no input rounding).
             table = ops.cast(self._table("embeddings"), self.compute_dtype)
@@ -145,6 +155,58 @@ class TokenEmbedding(QuantizedVariableSaving, keras.layers.Layer):
         if self.scale:
             outputs = outputs * ops.cast(self.embedding_dim**0.5, outputs.dtype)
         return outputs
+
+    # LoRA on the untied output projection ------------------------------------------------
+
+    def enable_lora(self, rank, lora_alpha=None, a_initializer="he_uniform",
+                    b_initializer="zeros"):
+        """Adds adapters `A [d, r]`, `B [r, V]` to the untied output projection and freezes
+        `W_out` (Keras' `Dense.enable_lora` protocol); a `ValueError` for a bad `rank` or
+        `lora_alpha`, a tied layer (its output projection is the lookup table), an unbuilt
+        layer, or adapters that exist already."""
+        rank = check_positive_int("rank", rank)
+        if lora_alpha is not None:
+            check_positive_number("lora_alpha", lora_alpha)
+        if self.tie_weights:
+            raise ValueError(f"LoRA on the output projection of '{self.name}' needs untied "
+                             "weights: a tied projection is the token table. Received: "
+                             "tie_weights=True")
+        if not self.built or self.lora_enabled:
+            raise ValueError(f"LoRA needs '{self.name}' built and without adapters. Received: "
+                             f"built={self.built}, lora_enabled={self.lora_enabled}")
+        self._tracker.unlock()
+        self.lora_kernel_a = self.add_weight(
+            name="lora_kernel_a", shape=(self.embedding_dim, rank),
+            initializer=keras.initializers.get(a_initializer), dtype="float32")
+        self.lora_kernel_b = self.add_weight(
+            name="lora_kernel_b", shape=(rank, self.vocabulary_size),
+            initializer=keras.initializers.get(b_initializer), dtype="float32")
+        self._tracker.lock()
+        self.reverse_embeddings.trainable = False
+        self.lora_enabled = True
+        self.lora_rank = rank
+        self.lora_alpha = rank if lora_alpha is None else lora_alpha
+
+    def _add_lora(self, inputs, logits):
+        if not self.lora_enabled:
+            return logits
+        a = ops.cast(self.lora_kernel_a, inputs.dtype)
+        b = ops.cast(self.lora_kernel_b, inputs.dtype)
+        update = ops.matmul(ops.matmul(inputs, a), b) * (self.lora_alpha / self.lora_rank)
+        return logits + ops.cast(update, logits.dtype)
+
+    @property
+    def reverse_kernel(self):
+        """The untied output matrix `[d, V]` the logits use: the `reverse_embeddings`
+        variable, or with LoRA the tensor `W_out + (α/r)·A·B` (of a quantised `W_out`,
+        `q / s`)."""
+        if not self.lora_enabled:
+            return self.reverse_embeddings
+        table = ops.cast(self._table("reverse_embeddings"), "float32")
+        if self.quantization_mode is not None:
+            table = table / ops.cast(self.reverse_embeddings_scale, "float32")[None, :]
+        delta = ops.matmul(self.lora_kernel_a, self.lora_kernel_b)
+        return table + delta * (self.lora_alpha / self.lora_rank)
 
     def _descale(self, logits, scale_name, quantized):
         if not quantized:
@@ -217,7 +279,9 @@ class TokenEmbedding(QuantizedVariableSaving, keras.layers.Layer):
         if not self.tie_weights:
             quantized += ["reverse_embeddings", "reverse_embeddings_scale"]
         plain = ["embeddings"] + ([] if self.tie_weights else ["reverse_embeddings"])
-        return {None: plain, "int8": quantized, "int4": quantized}
+        # The output head's adapters last, unmerged: a `.keras` file keeps them trainable.
+        lora = ["lora_kernel_a", "lora_kernel_b"] if self.lora_enabled else []
+        return {None: plain + lora, "int8": quantized + lora, "int4": quantized + lora}
 
     def _quantization_mode_error(self, mode):
         return ValueError(

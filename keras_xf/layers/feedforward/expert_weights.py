@@ -8,6 +8,7 @@ from keras import ops
 from keras_xf.layers.cloning import clone_initializer
 from keras_xf.layers.quantized_saving import QuantizedVariableSaving
 from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
@@ -58,6 +59,11 @@ class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
     `Model.quantize` warns and leaves the experts in float32 (Keras' float8 scheme keeps one
     delayed scale per whole kernel and one per input tensor, not per expert).
 
+    LoRA (Hu et al. 2021; `enable_lora(rank, lora_alpha)`, as Keras' `Dense`): each expert
+    gets its own adapters, `W^e + (α/r)·A^e·B^e` with `A [E, D, r]` random (He uniform),
+    `B [E, r, F]` zero, and the kernel frozen; the adapters stay float over a quantised
+    kernel. `kernel` is the merged `[E, D, F]` kernel (the variable itself without LoRA).
+
     Args:
         num_experts: int, `E`.
         units: int, the output width `F`.
@@ -105,6 +111,9 @@ class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
         self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.init_slices = init_slices
         self.input_dim = None
+        self.lora_enabled = False
+        self.lora_rank = None
+        self.lora_alpha = None
 
     def build(self, inputs_shape, expert_index_shape=None):
         self.input_dim = inputs_shape[-1]
@@ -160,7 +169,61 @@ class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
     def call(self, inputs, expert_index=None):
         self._check(inputs, expert_index)
         outputs = grouped_matmul(inputs, self._per_group(self.expert_kernel, expert_index))
-        return self._add_bias(outputs, expert_index)
+        return self._add_bias(self._add_lora(inputs, outputs, expert_index), expert_index)
+
+    # LoRA -------------------------------------------------------------------------------
+
+    def enable_lora(self, rank, lora_alpha=None, a_initializer="he_uniform",
+                    b_initializer="zeros"):
+        """Adds per-expert adapters `A [E, D, r]`, `B [E, r, F]` and freezes the kernel: the
+        experts compute `x (W^e + (α/r)·A^e·B^e)`, `α = lora_alpha` (`rank` when `None`).
+        Keras' `Dense.enable_lora` protocol; raises a `ValueError` before the layer is built
+        or when LoRA is already enabled."""
+        rank = check_positive_int("rank", rank)
+        if lora_alpha is not None:
+            check_positive_number("lora_alpha", lora_alpha)
+        if not self.built:
+            raise ValueError(f"Cannot enable LoRA on '{self.name}' before it is built.")
+        if self.lora_enabled:
+            raise ValueError(f"LoRA is already enabled on '{self.name}'. Received: rank={rank}")
+        self._tracker.unlock()
+        # Float32 adapters, as Keras' `Dense` keeps them.
+        self.lora_kernel_a = self.add_weight(
+            name="lora_kernel_a", shape=(self.num_experts, self.input_dim, rank),
+            initializer=_stacked_initializer(keras.initializers.get(a_initializer), None),
+            dtype="float32",
+        )
+        self.lora_kernel_b = self.add_weight(
+            name="lora_kernel_b", shape=(self.num_experts, rank, self.units),
+            initializer=keras.initializers.get(b_initializer), dtype="float32",
+        )
+        self._tracker.lock()
+        self.expert_kernel.trainable = False
+        self.lora_enabled = True
+        self.lora_rank = rank
+        self.lora_alpha = rank if lora_alpha is None else lora_alpha
+
+    def _add_lora(self, inputs, outputs, expert_index):
+        """`outputs + (α/r)·(x A^e) B^e` with LoRA enabled, else `outputs`."""
+        if not self.lora_enabled:
+            return outputs
+        a = ops.cast(self._per_group(self.lora_kernel_a, expert_index), inputs.dtype)
+        b = ops.cast(self._per_group(self.lora_kernel_b, expert_index), inputs.dtype)
+        update = grouped_matmul(grouped_matmul(inputs, a), b)
+        return outputs + ops.cast(update * (self.lora_alpha / self.lora_rank), outputs.dtype)
+
+    @property
+    def kernel(self):
+        """The `[E, D, F]` kernel the layer computes with: the `expert_kernel` variable, or
+        with LoRA enabled the tensor `W + (α/r)·A·B` (of a quantised kernel, `q / s`)."""
+        if not self.lora_enabled:
+            return self.expert_kernel
+        kernel = self.expert_kernel
+        if self.quantization_mode is not None:
+            kernel = (ops.cast(self._integer_kernel(), "float32")
+                      / ops.convert_to_tensor(self.expert_kernel_scale)[:, None, :])
+        delta = ops.matmul(self.lora_kernel_a, self.lora_kernel_b)
+        return ops.cast(kernel, "float32") + delta * (self.lora_alpha / self.lora_rank)
 
     # Quantisation (Keras' protocol: `quantize`, `quantized_build`, `_<mode>_call`). ---------
 
@@ -205,7 +268,8 @@ class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
             outputs = ops.cast(grouped_matmul(x, kernel), "float32") / output_scale
             return ops.cast(outputs, self.compute_dtype), grad_fn
 
-        return self._add_bias(matmul(inputs, kernel, scale), expert_index)
+        outputs = self._add_lora(inputs, matmul(inputs, kernel, scale), expert_index)
+        return self._add_bias(outputs, expert_index)
 
     def quantize(self, mode=None, type_check=True, config=None):
         """Quantises the kernel in place: `q = round(W · s)`, one scale per expert and output
@@ -254,8 +318,10 @@ class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
     def variable_serialization_spec(self):
         """Variable names in saving order per quantisation mode."""
         names = ["expert_kernel"] + (["expert_bias"] if self.use_bias else [])
-        return {None: names, "int8": names + ["expert_kernel_scale"],
-                "int4": names + ["expert_kernel_scale"]}
+        # The adapters last, unmerged: a `.keras` file keeps them trainable.
+        lora = ["lora_kernel_a", "lora_kernel_b"] if self.lora_enabled else []
+        return {None: names + lora, "int8": names + ["expert_kernel_scale"] + lora,
+                "int4": names + ["expert_kernel_scale"] + lora}
 
     def _quantization_mode_error(self, mode):
         return ValueError(

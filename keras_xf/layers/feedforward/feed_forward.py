@@ -3,6 +3,7 @@
 import keras
 
 from keras_xf.layers.feedforward.feedforward_layer import FeedForwardLayer
+from keras_xf.layers.lora.lora_dense import LoRADense
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.ops.checks import check_rate
 from keras_xf.ops.checks import check_width
@@ -92,7 +93,8 @@ class FeedForward(FeedForwardLayer):
     def _dense(self, units, name):
         # A fresh initializer per projection: an unseeded Keras initializer instance draws its
         # seed once, so sharing it would give the gate and hidden kernels identical values.
-        return keras.layers.Dense(
+        # `LoRADense`: LoRA adapters survive a `.keras` save.
+        return LoRADense(
             units,
             use_bias=self.use_bias,
             kernel_initializer=_clone_initializer(self.kernel_initializer),

@@ -7,6 +7,7 @@ from keras_xf.export import export_model
 from keras_xf.export import input_specs
 from keras_xf.models.backbones.arguments import check_input_token_ids
 from keras_xf.models.backbones.arguments import check_model_inputs
+from keras_xf.models.backbones import lora
 from keras_xf.models.backbones.task_preprocessing import preprocessed
 from keras_xf.models.backbones.task_preprocessing import preprocessed_validation
 from keras_xf.models.backbones.task_preprocessing import task_preprocessor
@@ -37,6 +38,8 @@ class FunctionalModel(keras.Model):
     # `None`: the model takes ids only. Tasks set it.
     preprocessor_class = None
     _preprocessor = None
+    # `(rank, alpha, targets)` after `enable_lora` on this model, else `None`.
+    _lora_settings = None
 
     def __init__(self, *args, dtype=None, **kwargs):
         check_known_arguments(type(self), kwargs)
@@ -63,7 +66,80 @@ class FunctionalModel(keras.Model):
         }
         if self.preprocessor is not None:
             config["preprocessor"] = keras.saving.serialize_keras_object(self.preprocessor)
+        if self.lora_settings is not None:
+            config["lora"] = self.lora_settings
         return config
+
+    # LoRA ----------------------------------------------------------------------------------
+    def enable_lora(self, rank, alpha=None, targets=None):
+        """Adds LoRA adapters (Hu et al. 2021) to the projections `targets` and freezes every
+        other variable: each projection computes with `W + (alpha/rank)·A·B`, `A [d_in, rank]`
+        random, `B [rank, d_out]` zero (so the model starts as it was), `W` frozen, and only
+        the `A`s and `B`s train (`summary()` counts them alone as trainable).
+
+        Call it before `compile`. Feedforward projections use Keras' `Dense.enable_lora`;
+        attention projections (`LoRAEinsumDense`) learn the update of their whole matrix,
+        into heads `A [d, rank]`, `B [rank, H, Dh]` (PEFT's `q_proj` LoRA, where Keras'
+        `EinsumDense` would learn one update per head); each expert of a mixture of experts
+        gets its own `A`, `B` (`ExpertWeights.enable_lora`), and an untied output head its
+        `A [d, rank]`, `B [rank, V]` (`TokenEmbedding.enable_lora`).
+        The settings are saved in the model's config: a `.keras` file reloads with the same
+        adapters, unmerged and trainable. `to_huggingface` writes the merged weights;
+        `quantize` quantises the frozen `W` and keeps the adapters in float (QLoRA).
+
+        Args:
+            rank: int > 0, the rank `r` of each update.
+            alpha: number > 0, the scale numerator (`alpha / rank` scales `A·B`); `rank` when
+                `None` (a scale of 1), as Keras and keras-hub.
+            targets: names of the projections to adapt, among `"query"`, `"key"`, `"value"`,
+                `"attention_output"` (every attention layer's), `"ffn_hidden"`, `"ffn_gate"`,
+                `"ffn_output"` (every `FeedForward`'s, shared experts included),
+                `"expert_in"`, `"expert_gate"`, `"expert_out"` (every mixture of experts'
+                stacked experts), `"output_head"` (the untied output projection of a
+                `TokenEmbedding`, `A [d, rank]`, `B [rank, V]`). Default `("query",
+                "value")`, keras-hub's.
+
+        Raises:
+            ValueError: a bad `rank` or `alpha`, an unknown target or one the model lacks,
+                a target in a frozen layer (`trainable=False`), `"output_head"` on tied
+                embeddings, or LoRA already enabled.
+
+        Example:
+        >>> model = CausalLM(vocabulary_size=64, hidden_dim=16, num_heads=2,  # doctest: +SKIP
+        ...                  intermediate_dim=32, num_layers=2)
+        >>> model.enable_lora(4, targets=["query", "value", "ffn_hidden"])  # doctest: +SKIP
+        """
+        rank, alpha, targets = lora.check_settings(rank, alpha, targets)
+        lora.enable(self, rank, alpha, targets)
+        self._lora_settings = (rank, alpha, targets)
+
+    @property
+    def lora_settings(self):
+        """`{"rank", "alpha", "targets"}` given to this model's `enable_lora`, or `None`."""
+        if self._lora_settings is None:
+            return None
+        rank, alpha, targets = self._lora_settings
+        return {"rank": rank, "alpha": alpha, "targets": list(targets)}
+
+    def save_lora_weights(self, filepath):
+        """Writes only the adapters (each projection's `A` and `B`, float32) and the LoRA
+        settings to `filepath`, an HDF5 file whose name ends in `.lora.h5` (keras-hub's
+        suffix). Adapters are keyed `"<i>/<layer name>/lora_kernel_a"` by their order in the
+        model, so any model of the same architecture loads them."""
+        lora.save(self, self.lora_settings, filepath)
+
+    def load_lora_weights(self, filepath):
+        """Loads adapters that `save_lora_weights` wrote. On a model without LoRA, enables it
+        first with the file's rank, alpha and targets; on one with LoRA, the settings must be
+        the file's. Raises a `ValueError` naming a setting that differs, or an adapter
+        that is missing, of another shape, or left unused."""
+        stored = lora.read_settings(filepath)
+        if self.lora_settings is None:
+            self.enable_lora(**stored)
+        elif self.lora_settings != stored:
+            raise ValueError(f"The adapters in {filepath} were saved with {stored}; this model's "
+                             f"LoRA settings are {self.lora_settings}.")
+        lora.load(self, filepath)
 
     # Text in -------------------------------------------------------------------------------
     @property
@@ -92,6 +168,8 @@ class FunctionalModel(keras.Model):
 
     @classmethod
     def from_config(cls, config):
+        config = dict(config)
+        lora_settings = config.pop("lora", None)
         model = cls(**config)
         # Sub-models recorded at construction (a task's backbone) hold a float policy: the
         # saved map names their quantised layers, which Keras quantises when given the policy.
@@ -101,6 +179,8 @@ class FunctionalModel(keras.Model):
             for layer in sublayers(model, include_self=True):
                 if layer.path in paths and layer.quantization_mode is None:
                     layer.dtype_policy = policy[layer.path]
+        if lora_settings is not None:  # before the weights load: they hold the adapters
+            model.enable_lora(**lora_settings)
         return model
 
     def compile_from_config(self, config):

@@ -143,7 +143,8 @@ class CausalLM(ChunkedLossModel, GenerativeTask):
         embedding = self.backbone.embeddings.token_embedding
         if embedding.tie_weights:
             return ops.cast(embedding.embeddings, embedding.compute_dtype)
-        return ops.transpose(ops.cast(embedding.reverse_embeddings, embedding.compute_dtype))
+        # `reverse_kernel`: with LoRA on the output head, the merged `W_out + (α/r)·A·B`.
+        return ops.transpose(ops.cast(embedding.reverse_kernel, embedding.compute_dtype))
 
     def _uncached_hidden(self, token_ids, context):
         return self.backbone({"token_ids": token_ids, "padding_mask": ops.ones_like(token_ids)},

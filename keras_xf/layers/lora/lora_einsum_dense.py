@@ -1,0 +1,134 @@
+"""A `keras.layers.EinsumDense` with LoRA adapters over its flattened matrix (Hu et al. 2021)."""
+
+import keras
+from keras import ops
+
+from keras_xf.layers.lora.lora_saving import LoRASaving
+from keras_xf.ops.checks import check_positive_int
+from keras_xf.ops.checks import check_positive_number
+
+
+def _kernel_axes(equation, kernel_shape):
+    """`(input axes, output axes)` of the kernel: its leading axes, which the input carries
+    last and in the same order, then the rest; a `ValueError` for another layout."""
+    inputs, rest = equation.split(",")
+    kernel = rest.split("->")[0]
+    count = sum(1 for letter in kernel if letter in inputs)
+    if count in (0, len(kernel)) or not inputs.endswith(kernel[:count]):
+        raise ValueError(
+            "LoRA needs an EinsumDense kernel whose leading axes are its inputs and whose last "
+            f"are its outputs. Received: equation={equation!r}")
+    return tuple(kernel_shape[:count]), tuple(kernel_shape[count:])
+
+
+@keras.saving.register_keras_serializable(package="keras_xf")
+class LoRAEinsumDense(LoRASaving, keras.layers.EinsumDense):
+    """`y = einsum(equation, x, W) + b`, and after `enable_lora(r, lora_alpha=α)`:
+    `W + (α/r)·A·B` in place of `W`, the low-rank update of `W` seen as the matrix
+    `[Π input axes, Π output axes]`: `A [*input axes, r]` random (He uniform), `B [r,
+    *output axes]` zero, `W` frozen.
+
+    For the attention projections into heads, `W [d, H, Dh]`, that is `A [d, r]`,
+    `B [r, H, Dh]`: the update of the `[d, H·Dh]` matrix that PEFT's and the paper's LoRA
+    learn on `q_proj`, `k_proj`, `v_proj` (Keras' own `EinsumDense.enable_lora` would learn
+    one update per head, `A [d, H, r]`, `B [r, Dh]`, which no PEFT adapter expresses). Out
+    of heads, `W [H, Dh, d]`: `A [H, Dh, r]`, `B [r, d]`.
+
+    `kernel` is the merged kernel while the adapters exist, so the one-matmul paths of the
+    attention layers (`head_projections.project`, the fused query/key/value product) compute
+    with it and train `A` and `B` through it. A quantised kernel (`quantize`) keeps float
+    adapters whose update `(α/r)·(x A) B` is added to the quantised product. Keras' own
+    LoRA attributes (`lora_enabled`) stay off; `lora_adapters_enabled` says whether this
+    layer's adapters exist. A `.keras` file saves `W`, `A` and `B` apart (`LoRASaving`).
+
+    Args:
+        equation: str, the einsum equation (`"btd,dhk->bthk"`, `"bthk,hkd->btd"`, ...).
+        output_shape: the output shape without the batch axis.
+        **kwargs: `keras.layers.EinsumDense` arguments.
+
+    Example:
+    >>> dense = LoRAEinsumDense("btd,dhk->bthk", output_shape=(None, 2, 4))
+    >>> dense.build((None, None, 8))
+    >>> dense.enable_lora(2)
+    >>> tuple(dense.lora_kernel_a.shape), tuple(dense.lora_kernel_b.shape)  # (8, 2), (2, 2, 4)
+    """
+
+    lora_adapters_enabled = False
+
+    def enable_lora(self, rank, lora_alpha=None, a_initializer="he_uniform",
+                    b_initializer="zeros"):
+        """Adds `A`, `B` (float32) and freezes `W`; raises a `ValueError` for a bad `rank`
+        or `lora_alpha`, before the layer is built, with an activation (the update is added
+        before it), or when the adapters exist already."""
+        rank = check_positive_int("rank", rank)
+        if lora_alpha is not None:
+            check_positive_number("lora_alpha", lora_alpha)
+        if not self.built:
+            raise ValueError(f"Cannot enable LoRA on '{self.name}' before it is built.")
+        if self.lora_adapters_enabled:
+            raise ValueError(f"LoRA is already enabled on '{self.name}'. Received: rank={rank}")
+        if self.activation not in (None, keras.activations.linear):
+            raise ValueError(f"LoRA on '{self.name}' needs an EinsumDense without activation. "
+                             f"Received: activation={self.activation}")
+        shape = (tuple(self.original_kernel_shape) if self.quantization_mode == "int4"
+                 else tuple(self._kernel.shape))
+        inputs, outputs = _kernel_axes(self.equation, shape)
+        self._tracker.unlock()
+        self.lora_kernel_a = self.add_weight(
+            name="lora_kernel_a", shape=inputs + (rank,),
+            initializer=_flat_initializer(a_initializer, len(inputs)), dtype="float32")
+        self.lora_kernel_b = self.add_weight(
+            name="lora_kernel_b", shape=(rank,) + outputs,
+            initializer=keras.initializers.get(b_initializer), dtype="float32")
+        self._tracker.lock()
+        self._kernel.trainable = False
+        self.lora_adapters_enabled = True
+        self.lora_rank = rank
+        self.lora_alpha = rank if lora_alpha is None else lora_alpha
+
+    def _adapters_on(self):
+        return self.lora_adapters_enabled
+
+    def _scale(self):
+        return self.lora_alpha / self.lora_rank
+
+    def lora_delta(self):
+        """`(α/r)·A·B` with the kernel's shape (float32)."""
+        a, b = self.lora_kernel_a, self.lora_kernel_b
+        flat_a = ops.reshape(a, (-1, a.shape[-1]))
+        flat_b = ops.reshape(b, (b.shape[0], -1))
+        shape = tuple(a.shape[:-1]) + tuple(b.shape[1:])
+        return ops.reshape(ops.matmul(flat_a, flat_b), shape) * self._scale()
+
+    @property
+    def kernel(self):
+        """`W`, or `W + (α/r)·A·B` in the compute dtype while the adapters exist (a quantised
+        layer's own kernel is left as Keras gives it; its update is added to the output)."""
+        kernel = super().kernel
+        if not self.lora_adapters_enabled or self.quantization_mode is not None:
+            return kernel
+        merged = ops.cast(kernel, "float32") + self.lora_delta()
+        return ops.cast(merged, self.compute_dtype)
+
+    def quantized_call(self, inputs, training=None):
+        outputs = super().quantized_call(inputs, training=training)
+        if not self.lora_adapters_enabled:
+            return outputs
+        # `(x A) B`: the inputs' last axes (the kernel's input axes, in order) against `A`.
+        a = ops.cast(self.lora_kernel_a, inputs.dtype)
+        b = ops.cast(self.lora_kernel_b, inputs.dtype)
+        update = ops.tensordot(ops.tensordot(inputs, a, axes=len(a.shape) - 1), b, axes=1)
+        return outputs + ops.cast(update * self._scale(), outputs.dtype)
+
+
+def _flat_initializer(initializer, input_axes):
+    """`initializer` drawn for the flattened `[Π input axes, r]` matrix (its fans), reshaped."""
+    initializer = keras.initializers.get(initializer)
+
+    def initialize(shape, dtype=None):
+        rows = 1
+        for size in shape[:input_axes]:
+            rows *= size
+        return ops.reshape(initializer((rows, shape[-1]), dtype=dtype), shape)
+
+    return initialize
