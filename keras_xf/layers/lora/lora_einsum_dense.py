@@ -51,7 +51,53 @@ class LoRAEinsumDense(LoRASaving, keras.layers.EinsumDense):
     >>> dense.build((None, None, 8))
     >>> dense.enable_lora(2)
     >>> tuple(dense.lora_kernel_a.shape), tuple(dense.lora_kernel_b.shape)  # (8, 2), (2, 2, 4)
+    >>> dense(np.ones((2, 3, 8), "float32")).shape  # B = 0: the output of W alone
+    (2, 3, 2, 4)
     """
+
+    def __init__(self, equation, output_shape, **kwargs):
+        if not isinstance(equation, str) or "," not in equation or "->" not in equation:
+            raise ValueError("equation must be an einsum equation of the inputs and the "
+                             f"kernel, such as 'btd,dhk->bthk'. Received: equation={equation!r}")
+        sizes = output_shape if isinstance(output_shape, (list, tuple)) else (output_shape,)
+        if not sizes or not all(size is None or (isinstance(size, int) and not isinstance(
+                size, bool) and size > 0) for size in sizes):
+            raise ValueError("output_shape must be a positive int or a tuple of positive ints "
+                             f"and None (a free axis). Received: output_shape={output_shape!r}")
+        outputs = equation.split("->")[-1]
+        if "." not in outputs and len(sizes) != len(outputs) - 1:
+            raise ValueError(f"output_shape must give the {len(outputs) - 1} output axes after "
+                             f"the batch axis of {outputs!r} in the equation {equation!r}. "
+                             f"Received: output_shape={output_shape!r}")
+        super().__init__(equation, output_shape, **kwargs)
+
+    def build(self, input_shape):
+        try:
+            super().build(input_shape)
+        except ValueError as error:
+            raise ValueError(f"output_shape={self.partial_output_shape!r} does not fit inputs "
+                             f"of shape {tuple(input_shape)} under the equation "
+                             f"{self.equation!r}: {error}") from None
+
+    def __call__(self, inputs, *args, **kwargs):
+        # Checked here, before Keras' input spec, so the message names `inputs`: the rank of
+        # the equation's input, and each input axis the kernel shares at its built size.
+        letters = self.equation.split(",")[0]
+        shape = tuple(inputs.shape)
+        if "." not in letters and len(shape) != len(letters):
+            raise ValueError(f"inputs must have rank {len(letters)} ({letters!r} in the "
+                             f"equation {self.equation!r}). Received: inputs.shape={shape}")
+        if self.built and "." not in letters:
+            kernel = self.equation.split(",")[1].split("->")[0]
+            sizes = (self.original_kernel_shape if self.quantization_mode == "int4"
+                     else tuple(self._kernel.shape))
+            for axis, letter in enumerate(letters):
+                expected = sizes[kernel.index(letter)] if letter in kernel else None
+                if expected is not None and shape[axis] is not None and (
+                        shape[axis] != expected):
+                    raise ValueError(f"inputs must have size {expected} on axis {axis} (the "
+                                     f"kernel's {letter!r}). Received: inputs.shape={shape}")
+        return super().__call__(inputs, *args, **kwargs)
 
     lora_adapters_enabled = False
 
