@@ -62,7 +62,7 @@ def _family_of(config, directory):
     )
 
 
-def from_huggingface(directory, dtype=None):
+def from_huggingface(directory, dtype=None, progress=None):
     """The keras_xf task model of a local Hugging Face checkpoint folder, with every tensor
     loaded.
 
@@ -73,6 +73,8 @@ def from_huggingface(directory, dtype=None):
             writes it).
         dtype: the model's dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`, ...);
             the Keras default when `None`. Tensors are cast to it as they are loaded.
+        progress: `True` shows a progress bar (Keras' `Progbar`, in megabytes) while the
+            tensors load, `False` hides it; `None` shows it for weights over 100 MB.
 
     A generating task's default stop ids (`stop_token_ids`, used by `generate` unless told
     otherwise) are the checkpoint's end ids: `generation_config.json`'s `eos_token_id` (an
@@ -111,13 +113,13 @@ def from_huggingface(directory, dtype=None):
     max_length, lowercase = None, False
     if is_sentence_transformers_folder(directory):
         modules = SentenceTransformersFolder(directory)
-        model = _load_sentence_transformer(modules, dtype)
+        model = _load_sentence_transformer(modules, dtype, progress)
         tokenizer_directory = modules.transformer_directory
         max_length = modules.settings["max_seq_length"]
         lowercase = modules.settings["do_lower_case"]
     else:
         folder = SafetensorsFolder(directory)
-        model = load_checkpoint(folder, dtype=dtype)
+        model = load_checkpoint(folder, dtype=dtype, progress=progress)
         if isinstance(model, GenerativeTask):
             model.stop_token_ids = end_token_ids(folder.directory, folder.config,
                                                  model.token_vocabulary_sizes())
@@ -152,7 +154,7 @@ def end_token_ids(directory, config, vocabulary_sizes=None):
     return kept
 
 
-def _load_sentence_transformer(modules, dtype):
+def _load_sentence_transformer(modules, dtype, progress):
     """The `TextEncoder` of a `SentenceTransformersFolder`: the transformer's backbone, then
     the modules' pooling, projection and normalisation. The transformer's `pooler.*` tensors
     are left out, as sentence-transformers reads only its token states."""
@@ -174,7 +176,7 @@ def _load_sentence_transformer(modules, dtype):
                 default_prompt_name=modules.settings["default_prompt_name"], dtype=dtype)
         backbone_map = family.tensor_map(model.backbone, folder.config)
         TensorMap(backbone_map.entries, ignored=backbone_map.ignored + [r"pooler\..*"],
-                  alias=backbone_map.alias).load(folder, architecture)
+                  alias=backbone_map.alias).load(folder, architecture, progress)
         if dense:
             entries = [linear("linear.weight", model.projection.kernel)]
             if dense["bias"]:
@@ -189,15 +191,15 @@ def _load_sentence_transformer(modules, dtype):
     return model
 
 
-def load_checkpoint(folder, dtype=None):
+def load_checkpoint(folder, dtype=None, progress=None):
     """The task model of a `SafetensorsFolder` or an in-memory `ArrayCheckpoint` (see
-    `from_huggingface`)."""
+    `from_huggingface`; `progress` as there)."""
     family, architecture = _family_of(folder.config, folder.directory)
     try:
         # Variables take their first value from the checkpoint: no random weights beside it.
         with built_without_values():
             model = family.build_from_folder(folder, dtype=dtype)
-        family.tensor_map(model, folder.config).load(folder, architecture)
+        family.tensor_map(model, folder.config).load(folder, architecture, progress)
     finally:
         initialize_unfilled()
     return model

@@ -23,7 +23,7 @@ def _stop_ids(metadata, vocabulary_size, source):
     return kept
 
 
-def from_gguf(path, dtype=None):
+def from_gguf(path, dtype=None, progress=None):
     """The keras_xf `CausalLM` of a llama.cpp GGUF file of the Llama family, every tensor
     dequantised, with the file's tokenizer as its preprocessor.
 
@@ -41,6 +41,8 @@ def from_gguf(path, dtype=None):
             `gguf_checkpoint.SUPPORTED_TYPES` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
             Q5_1 and the K-quants Q2_K to Q6_K), dequantised by the `gguf` package.
         dtype: the model's dtype policy; the Keras default when `None`.
+        progress: `True` shows a progress bar (Keras' `Progbar`, in megabytes) while the
+            tensors load, `False` hides it; `None` shows it for weights over 100 MB.
 
     Returns:
         A `CausalLM` whose preprocessor holds a `HuggingFaceTokenizer` built from the file's
@@ -59,7 +61,7 @@ def from_gguf(path, dtype=None):
     """
     checkpoint = GGUFCheckpoint(path)
     tokenizer = gguf_tokenizer(checkpoint.metadata, checkpoint.directory)
-    model = load_checkpoint(checkpoint, dtype=dtype)
+    model = load_checkpoint(checkpoint, dtype=dtype, progress=progress)
     model.stop_token_ids = _stop_ids(checkpoint.metadata, checkpoint.config["vocab_size"],
                                      checkpoint.directory)
     if tokenizer is not None:

@@ -6,6 +6,8 @@ import keras
 import numpy as np
 
 from keras_xf.checkpoints.deferred_variables import fill
+from keras_xf.checkpoints.load_progress import LoadProgress
+from keras_xf.checkpoints.variable_values import variable_value
 
 
 class Entry:
@@ -60,12 +62,9 @@ def split(name, variables, axis, to_model_each=None, to_checkpoint_each=None):
     )
 
 
-def _private(value, sources, dtype):
-    """`value` as an array of `dtype` that shares no memory with the arrays `sources`."""
-    dtype = keras.backend.standardize_dtype(dtype)
-    if value.dtype != dtype or not any(np.may_share_memory(value, s) for s in sources):
-        return np.asarray(value, dtype, order="C")
-    return np.array(value, dtype, order="C")
+def _bytes(variable):
+    return int(np.prod(variable.shape)) * np.dtype(
+        keras.backend.standardize_dtype(variable.dtype)).itemsize
 
 
 class ArrayCheckpoint:
@@ -129,10 +128,11 @@ class TensorMap:
             stored[alias] = name
         return stored
 
-    def load(self, folder, architecture):
-        """Assigns every variable from `folder` (a `SafetensorsFolder` or `ArrayCheckpoint`);
-        raises a `ValueError` naming the tensor that is missing, of the wrong shape, or left
-        unused."""
+    def load(self, folder, architecture, progress=None):
+        """Assigns every variable from `folder` (a `SafetensorsFolder` or `ArrayCheckpoint`),
+        with a progress bar over the variables' bytes (`progress`: `True`, `False`, or `None`
+        for one above 100 MB, as `LoadProgress`); raises a `ValueError` naming the tensor
+        that is missing, of the wrong shape, or left unused."""
         stored = self._stored_names(folder)
         for entry in self.entries:
             for name in entry.names:
@@ -145,6 +145,7 @@ class TensorMap:
         # hold memory, so the peak is the weights plus the copies of a small tensor.
         entries = sorted(self.entries, key=lambda e: -sum(
             int(np.prod(folder.shape(stored[n]))) for n in e.names))
+        bar = LoadProgress(sum(_bytes(v) for e in entries for v in e.variables), progress)
         used = set()
         for entry in entries:
             arrays = [folder[stored[name]] for name in entry.names]
@@ -154,14 +155,18 @@ class TensorMap:
                 raise ValueError(self._shape_message(entry, arrays, error)) from None
             if any(tuple(v.shape) != tuple(var.shape) for v, var in zip(values, entry.variables)):
                 raise ValueError(self._shape_message(entry, arrays, None))
-            # Private copies, then the file mappings go: a backend may keep the array it is
-            # given as the variable's memory, which must not be a read-only mapping.
-            values = [_private(v, arrays, var.dtype) for v, var in zip(values, entry.variables)]
+            # Each variable takes its own copy (a backend may keep the array it is given as
+            # the variable's memory, which must not be a read-only mapping); then the
+            # mappings go.
+            values = [variable_value(v, var.dtype, arrays)
+                      for v, var in zip(values, entry.variables)]
             del arrays
             for i, variable in enumerate(entry.variables):
                 fill(variable, values[i])
                 values[i] = None  # one tensor at a time beside the variables
+                bar.advance(_bytes(variable))
             used.update(entry.names)
+        bar.finish()
         unused = [stored[n] for n in sorted(stored)
                   if n not in used and not self._is_ignored(n)]
         if unused:
