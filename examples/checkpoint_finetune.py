@@ -22,18 +22,22 @@ Then it
 import argparse
 import copy
 import os
+import sys
 import tempfile
 
-import keras
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from keras_xf.datasets.shakespeare import load_text_corpus
-from keras_xf.layers import LocalPattern
-from keras_xf.models import CausalLM
-from keras_xf.checkpoints import HuggingFaceTokenizer
-from keras_xf.checkpoints import from_huggingface
-from keras_xf.checkpoints import to_huggingface
-from keras_xf.training import language_model_examples
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from _stand_in import write_stand_in  # noqa: E402
+from keras_xf.datasets.shakespeare import load_text_corpus  # noqa: E402
+from keras_xf.layers import LocalPattern  # noqa: E402
+from keras_xf.models import CausalLM  # noqa: E402
+from keras_xf.checkpoints import HuggingFaceTokenizer  # noqa: E402
+from keras_xf.checkpoints import from_huggingface  # noqa: E402
+from keras_xf.checkpoints import to_huggingface  # noqa: E402
+from keras_xf.training import language_model_examples  # noqa: E402
 
 
 def parse_args():
@@ -47,29 +51,6 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--prompt", default="ROMEO:")
     return parser.parse_args()
-
-
-def write_stand_in(folder, text):
-    """A small random Llama and a BPE tokenizer trained on `text`, as `save_pretrained`
-    would leave them."""
-    import tokenizers
-    import transformers
-
-    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
-    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = tokenizers.decoders.ByteLevel()
-    bpe.train_from_iterator(
-        [text[i:i + 2000] for i in range(0, 400_000, 2000)],
-        tokenizers.trainers.BpeTrainer(
-            vocab_size=1024, special_tokens=["<|endoftext|>"],
-            initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()),
-    )
-    config = transformers.LlamaConfig(
-        vocab_size=bpe.get_vocab_size(), hidden_size=128, intermediate_size=256,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, bos_token_id=0, eos_token_id=0)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    bpe.save(os.path.join(folder, "tokenizer.json"))
 
 
 def with_sliding_window(model, window):

@@ -69,6 +69,14 @@ TINY_RUNS = {
         ["Loaded", "Fine-tuned 2 steps", "Generated:", "Wrote a MistralForCausalLM",
          "loads it as MistralForCausalLM"],
     ),
+    "lora_finetune.py": (
+        ["--steps", "4", "--sequence-length", "16", "--batch-size", "2", "--rank", "2",
+         "--alpha", "4", "--learning-rate", "1e-2", "--new-tokens", "4",
+         "--vocabulary-size", "300", "--hidden-dim", "16", "--intermediate-dim", "32",
+         "--num-heads", "2", "--num-key-value-heads", "1", "--output", "{tmp}"],
+        ["Enabled LoRA", "Trainable params", "Fine-tuned 4 steps", "Saved the adapters",
+         "Reloaded on", "Generated on", "Wrote a PEFT adapter", "peft loads it", "time:"],
+    ),
     "vit_digits.py": (
         ["--epochs", "1", "--steps", "2", "--batch-size", "16", "--num-layers", "1",
          "--hidden-dim", "16", "--num-heads", "2", "--intermediate-dim", "32", "--verbose", "0"],

@@ -1,5 +1,5 @@
 """Shared by the checkpoint tests: perturbed reference models, a right-padded batch, logits
-of both libraries, and a rewrite of a folder's tensors."""
+of both libraries, LoRA adapters drawn at random, and a rewrite of a folder's tensors."""
 
 import os
 
@@ -123,6 +123,16 @@ def assert_logits_equal(actual, expected, mask, atol=1e-4):
     """Equal at the real (unpadded) positions."""
     real = mask.astype(bool)
     np.testing.assert_allclose(actual[real], expected[real], atol=atol, rtol=1e-4)
+
+
+def with_random_adapters(model, seed=0):
+    """`model` with every LoRA adapter `B` drawn from `N(0, 0.3²)` (they start at zero), so
+    the adapters' update shows in the logits."""
+    rng = np.random.default_rng(seed)
+    for variable in model.trainable_variables:
+        if variable.path.endswith("lora_kernel_b"):
+            variable.assign(rng.normal(0, 0.3, size=variable.shape).astype("float32"))
+    return model
 
 
 def rewrite(folder, change):

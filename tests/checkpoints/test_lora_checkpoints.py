@@ -13,9 +13,9 @@ from keras_xf.checkpoints import from_huggingface  # noqa: E402
 from keras_xf.checkpoints import to_huggingface  # noqa: E402
 from tests.checkpoints.hf_checks import assert_logits_equal  # noqa: E402
 from tests.checkpoints.hf_checks import batch  # noqa: E402
-from tests.checkpoints.hf_checks import causal_reference  # noqa: E402
 from tests.checkpoints.hf_checks import keras_logits  # noqa: E402
 from tests.checkpoints.hf_checks import reference_logits  # noqa: E402
+from tests.checkpoints.hf_checks import with_random_adapters  # noqa: E402
 
 TARGETS = {
     "gpt2": ["query", "key", "value", "attention_output", "ffn_hidden", "ffn_output"],
@@ -25,19 +25,9 @@ TARGETS = {
 }
 
 
-def with_random_adapters(model, seed=0):
-    """Every adapter `B` drawn at random (they start at zero), so the update shows."""
-    rng = np.random.default_rng(seed)
-    for variable in model.trainable_variables:
-        if variable.path.endswith("lora_kernel_b"):
-            variable.assign(rng.normal(0, 0.3, size=variable.shape).astype("float32"))
-    return model
-
-
 @pytest.mark.parametrize("name", sorted(TARGETS))
-def test_written_lora_model_reloads_with_the_same_logits(name, tmp_path):
-    causal_reference(name).save_pretrained(tmp_path / "base")
-    model = from_huggingface(tmp_path / "base")
+def test_written_lora_model_reloads_with_the_same_logits(name, reference_folder, tmp_path):
+    model = from_huggingface(reference_folder(name))
     ids, mask = batch()
     base = keras_logits(model, ids, mask)
     model.enable_lora(2, alpha=4, targets=TARGETS[name])

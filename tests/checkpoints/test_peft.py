@@ -4,7 +4,6 @@ and an adapter written by `peft` and loaded into keras_xf gives `peft`'s."""
 
 import json
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -16,9 +15,9 @@ from keras_xf.checkpoints import from_peft  # noqa: E402
 from keras_xf.checkpoints import to_peft  # noqa: E402
 from tests.checkpoints.hf_checks import assert_logits_equal  # noqa: E402
 from tests.checkpoints.hf_checks import batch  # noqa: E402
-from tests.checkpoints.hf_checks import causal_reference  # noqa: E402
 from tests.checkpoints.hf_checks import keras_logits  # noqa: E402
 from tests.checkpoints.hf_checks import reference_logits  # noqa: E402
+from tests.checkpoints.hf_checks import with_random_adapters  # noqa: E402
 from tests.models.tiny import causal_lm  # noqa: E402
 
 ALL = ["query", "key", "value", "attention_output", "ffn_gate", "ffn_hidden", "ffn_output",
@@ -27,20 +26,10 @@ MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
            "lm_head"]
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
+@pytest.fixture
+def base(reference_folder):
     """A perturbed tiny Llama (4 query heads, 2 key/value heads) saved by `transformers`."""
-    path = tmp_path_factory.mktemp("llama")
-    causal_reference("llama").save_pretrained(path)
-    return path
-
-
-def perturbed_adapters(model, seed=0):
-    rng = np.random.default_rng(seed)
-    for variable in model.trainable_variables:
-        if variable.path.endswith("lora_kernel_b"):
-            variable.assign(rng.normal(0, 0.3, size=variable.shape).astype("float32"))
-    return model
+    return reference_folder("llama")
 
 
 @pytest.mark.parametrize("targets", [["query", "value"], ALL])
@@ -48,7 +37,7 @@ def test_keras_xf_adapter_loads_in_peft_with_the_same_logits(base, targets, tmp_
     model = from_huggingface(base)
     model.enable_lora(2, alpha=5, targets=targets)
     ids, mask = batch()
-    expected = keras_logits(perturbed_adapters(model), ids, mask)
+    expected = keras_logits(with_random_adapters(model), ids, mask)
     to_peft(model, tmp_path)
     with open(tmp_path / "adapter_config.json") as file:
         assert json.load(file)["lora_alpha"] == 5

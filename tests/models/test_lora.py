@@ -12,8 +12,12 @@ import pytest
 
 from keras_xf.layers import MixtureOfExperts
 from keras_xf.layers import MultiHeadAttention
+from keras_xf.layers import TokenEmbedding
 from keras_xf.layers import TransformerBlock
 from keras_xf.layers.feedforward.expert_weights import ExpertWeights
+from keras_xf.layers.lora.adapters import has_lora
+from keras_xf.layers.lora.lora_einsum_dense import LoRAEinsumDense
+from tests.layers.bad_inputs import raises_naming
 from tests.models.tiny import FFN
 from tests.models.tiny import HEADS
 from tests.models.tiny import VOCAB
@@ -173,9 +177,33 @@ def test_adapter_file_errors(tmp_path):
         deeper.load_lora_weights(path)
 
 
-def test_head_projection_lora_is_the_update_of_the_flattened_matrix():
-    from keras_xf.layers.lora.lora_einsum_dense import LoRAEinsumDense
+@pytest.mark.parametrize("make, inputs, frozen", [
+    (lambda: LoRAEinsumDense("btd,dhk->bthk", output_shape=(None, 2, 4)),
+     np.ones((1, 3, 6), "float32"), "kernel"),
+    (lambda: ExpertWeights(num_experts=2, units=4), np.ones((2, 3, 6), "float32"),
+     "expert_kernel"),
+    (lambda: TokenEmbedding(10, 6, tie_weights=False), np.array([[1, 2, 3]]),
+     "reverse_embeddings"),
+], ids=["einsum_dense", "expert_weights", "token_embedding"])
+def test_layers_with_their_own_adapters_check_and_add_them_alike(make, inputs, frozen):
+    layer = make()
+    with pytest.raises(ValueError, match=r"before it is built .*Received: built=False"):
+        layer.enable_lora(2)
+    layer(inputs)
+    assert "rank=0" in raises_naming("rank", lambda: layer.enable_lora(0))
+    assert "lora_alpha=-1.0" in raises_naming("lora_alpha",
+                                              lambda: layer.enable_lora(2, lora_alpha=-1.0))
+    assert not has_lora(layer)
+    layer.enable_lora(2)
+    assert has_lora(layer) and (layer.lora_rank, layer.lora_alpha) == (2, 2)
+    assert [v.dtype for v in (layer.lora_kernel_a, layer.lora_kernel_b)] == ["float32"] * 2
+    trainable = {v.name for v in layer.trainable_variables}
+    assert {"lora_kernel_a", "lora_kernel_b"} <= trainable and frozen not in trainable
+    with pytest.raises(ValueError, match="LoRA is already enabled on .*Received: rank=3"):
+        layer.enable_lora(3)
 
+
+def test_head_projection_lora_is_the_update_of_the_flattened_matrix():
     rng = np.random.default_rng(2)
     inputs = rng.normal(size=(2, 3, 6)).astype("float32")
     dense = LoRAEinsumDense("btd,dhk->bthk", output_shape=(None, 2, 4), bias_axes="hk")

@@ -7,9 +7,9 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.lora.adapters import LoRAAdapters
 from keras_xf.layers.quantized_saving import QuantizedVariableSaving
 from keras_xf.ops.checks import check_positive_int
-from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
 
@@ -20,7 +20,7 @@ _VALUE_RANGES = {"int8": (-127, 127), "int4": (-8, 7)}
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class TokenEmbedding(QuantizedVariableSaving, keras.layers.Layer):
+class TokenEmbedding(LoRAAdapters, QuantizedVariableSaving, keras.layers.Layer):
     """Looks up token vectors `x_j = E[token_j]`, and projects back to vocabulary logits.
 
     The forward call returns `E[ids] · (√d if scale else 1)`. Called with `reverse=True` on
@@ -82,9 +82,6 @@ class TokenEmbedding(QuantizedVariableSaving, keras.layers.Layer):
         self.embeddings_initializer = get_initializer(
             "embeddings_initializer", embeddings_initializer
         )
-        self.lora_enabled = False
-        self.lora_rank = None
-        self.lora_alpha = None
 
     def build(self, inputs_shape=None):
         if self.quantization_mode is not None:
@@ -164,35 +161,26 @@ class TokenEmbedding(QuantizedVariableSaving, keras.layers.Layer):
         `W_out` (Keras' `Dense.enable_lora` protocol); a `ValueError` for a bad `rank` or
         `lora_alpha`, a tied layer (its output projection is the lookup table), an unbuilt
         layer, or adapters that exist already."""
-        rank = check_positive_int("rank", rank)
-        if lora_alpha is not None:
-            check_positive_number("lora_alpha", lora_alpha)
+        rank, lora_alpha = self._check_lora_settings(rank, lora_alpha)
         if self.tie_weights:
             raise ValueError(f"LoRA on the output projection of '{self.name}' needs untied "
                              "weights: a tied projection is the token table. Received: "
                              "tie_weights=True")
-        if not self.built or self.lora_enabled:
-            raise ValueError(f"LoRA needs '{self.name}' built and without adapters. Received: "
-                             f"built={self.built}, lora_enabled={self.lora_enabled}")
-        self._tracker.unlock()
-        self.lora_kernel_a = self.add_weight(
-            name="lora_kernel_a", shape=(self.embedding_dim, rank),
-            initializer=keras.initializers.get(a_initializer), dtype="float32")
-        self.lora_kernel_b = self.add_weight(
-            name="lora_kernel_b", shape=(rank, self.vocabulary_size),
-            initializer=keras.initializers.get(b_initializer), dtype="float32")
-        self._tracker.lock()
-        self.reverse_embeddings.trainable = False
-        self.lora_enabled = True
-        self.lora_rank = rank
-        self.lora_alpha = rank if lora_alpha is None else lora_alpha
+        self._add_lora_adapters(rank, lora_alpha, (self.embedding_dim, rank),
+                                (rank, self.vocabulary_size), a_initializer, b_initializer,
+                                frozen=self.reverse_embeddings)
+
+    @property
+    def lora_enabled(self):
+        """Whether the adapters exist (`lora_adapters_enabled`), under Keras' `Dense` name."""
+        return self.lora_adapters_enabled
 
     def _add_lora(self, inputs, logits):
         if not self.lora_enabled:
             return logits
         a = ops.cast(self.lora_kernel_a, inputs.dtype)
         b = ops.cast(self.lora_kernel_b, inputs.dtype)
-        update = ops.matmul(ops.matmul(inputs, a), b) * (self.lora_alpha / self.lora_rank)
+        update = ops.matmul(ops.matmul(inputs, a), b) * self._lora_scale()
         return logits + ops.cast(update, logits.dtype)
 
     @property
@@ -206,7 +194,7 @@ class TokenEmbedding(QuantizedVariableSaving, keras.layers.Layer):
         if self.quantization_mode is not None:
             table = table / ops.cast(self.reverse_embeddings_scale, "float32")[None, :]
         delta = ops.matmul(self.lora_kernel_a, self.lora_kernel_b)
-        return table + delta * (self.lora_alpha / self.lora_rank)
+        return table + delta * self._lora_scale()
 
     def _descale(self, logits, scale_name, quantized):
         if not quantized:

@@ -6,9 +6,9 @@ import keras
 from keras import ops
 
 from keras_xf.layers.cloning import clone_initializer
+from keras_xf.layers.lora.adapters import LoRAAdapters
 from keras_xf.layers.quantized_saving import QuantizedVariableSaving
 from keras_xf.ops.checks import check_positive_int
-from keras_xf.ops.checks import check_positive_number
 from keras_xf.ops.checks import check_rank
 from keras_xf.ops.checks import check_width
 from keras_xf.ops.checks import get_initializer
@@ -39,7 +39,7 @@ def _stacked_initializer(initializer, slices):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
+class ExpertWeights(LoRAAdapters, QuantizedVariableSaving, keras.layers.Layer):
     """`y_g = x_g W^{e(g)} + b^{e(g)}`: one projection per expert, applied group by group.
 
     Survey §4.4 (mixture of experts): each expert `e` has its own matrix `W^e ∈ R^{D×F}`;
@@ -111,9 +111,6 @@ class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
         self.bias_initializer = get_initializer("bias_initializer", bias_initializer)
         self.init_slices = init_slices
         self.input_dim = None
-        self.lora_enabled = False
-        self.lora_rank = None
-        self.lora_alpha = None
 
     def build(self, inputs_shape, expert_index_shape=None):
         self.input_dim = inputs_shape[-1]
@@ -177,31 +174,19 @@ class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
                     b_initializer="zeros"):
         """Adds per-expert adapters `A [E, D, r]`, `B [E, r, F]` and freezes the kernel: the
         experts compute `x (W^e + (α/r)·A^e·B^e)`, `α = lora_alpha` (`rank` when `None`).
-        Keras' `Dense.enable_lora` protocol; raises a `ValueError` before the layer is built
-        or when LoRA is already enabled."""
-        rank = check_positive_int("rank", rank)
-        if lora_alpha is not None:
-            check_positive_number("lora_alpha", lora_alpha)
-        if not self.built:
-            raise ValueError(f"Cannot enable LoRA on '{self.name}' before it is built.")
-        if self.lora_enabled:
-            raise ValueError(f"LoRA is already enabled on '{self.name}'. Received: rank={rank}")
-        self._tracker.unlock()
-        # Float32 adapters, as Keras' `Dense` keeps them.
-        self.lora_kernel_a = self.add_weight(
-            name="lora_kernel_a", shape=(self.num_experts, self.input_dim, rank),
-            initializer=_stacked_initializer(keras.initializers.get(a_initializer), None),
-            dtype="float32",
-        )
-        self.lora_kernel_b = self.add_weight(
-            name="lora_kernel_b", shape=(self.num_experts, rank, self.units),
-            initializer=keras.initializers.get(b_initializer), dtype="float32",
-        )
-        self._tracker.lock()
-        self.expert_kernel.trainable = False
-        self.lora_enabled = True
-        self.lora_rank = rank
-        self.lora_alpha = rank if lora_alpha is None else lora_alpha
+        Keras' `Dense.enable_lora` protocol; raises a `ValueError` for a bad `rank` or
+        `lora_alpha`, before the layer is built or when LoRA is already enabled."""
+        rank, lora_alpha = self._check_lora_settings(rank, lora_alpha)
+        self._add_lora_adapters(
+            rank, lora_alpha, (self.num_experts, self.input_dim, rank),
+            (self.num_experts, rank, self.units),
+            _stacked_initializer(keras.initializers.get(a_initializer), None), b_initializer,
+            frozen=self.expert_kernel)
+
+    @property
+    def lora_enabled(self):
+        """Whether the adapters exist (`lora_adapters_enabled`), under Keras' `Dense` name."""
+        return self.lora_adapters_enabled
 
     def _add_lora(self, inputs, outputs, expert_index):
         """`outputs + (α/r)·(x A^e) B^e` with LoRA enabled, else `outputs`."""
@@ -210,7 +195,7 @@ class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
         a = ops.cast(self._per_group(self.lora_kernel_a, expert_index), inputs.dtype)
         b = ops.cast(self._per_group(self.lora_kernel_b, expert_index), inputs.dtype)
         update = grouped_matmul(grouped_matmul(inputs, a), b)
-        return outputs + ops.cast(update * (self.lora_alpha / self.lora_rank), outputs.dtype)
+        return outputs + ops.cast(update * self._lora_scale(), outputs.dtype)
 
     @property
     def kernel(self):
@@ -223,7 +208,7 @@ class ExpertWeights(QuantizedVariableSaving, keras.layers.Layer):
             kernel = (ops.cast(self._integer_kernel(), "float32")
                       / ops.convert_to_tensor(self.expert_kernel_scale)[:, None, :])
         delta = ops.matmul(self.lora_kernel_a, self.lora_kernel_b)
-        return ops.cast(kernel, "float32") + delta * (self.lora_alpha / self.lora_rank)
+        return ops.cast(kernel, "float32") + delta * self._lora_scale()
 
     # Quantisation (Keras' protocol: `quantize`, `quantized_build`, `_<mode>_call`). ---------
 

@@ -3,9 +3,8 @@
 import keras
 from keras import ops
 
+from keras_xf.layers.lora.adapters import LoRAAdapters
 from keras_xf.layers.lora.lora_saving import LoRASaving
-from keras_xf.ops.checks import check_positive_int
-from keras_xf.ops.checks import check_positive_number
 
 
 def _kernel_axes(equation, kernel_shape):
@@ -22,7 +21,7 @@ def _kernel_axes(equation, kernel_shape):
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
-class LoRAEinsumDense(LoRASaving, keras.layers.EinsumDense):
+class LoRAEinsumDense(LoRAAdapters, LoRASaving, keras.layers.EinsumDense):
     """`y = einsum(equation, x, W) + b`, and after `enable_lora(r, lora_alpha=α)`:
     `W + (α/r)·A·B` in place of `W`, the low-rank update of `W` seen as the matrix
     `[Π input axes, Π output axes]`: `A [*input axes, r]` random (He uniform), `B [r,
@@ -39,7 +38,8 @@ class LoRAEinsumDense(LoRASaving, keras.layers.EinsumDense):
     with it and train `A` and `B` through it. A quantised kernel (`quantize`) keeps float
     adapters whose update `(α/r)·(x A) B` is added to the quantised product. Keras' own
     LoRA attributes (`lora_enabled`) stay off; `lora_adapters_enabled` says whether this
-    layer's adapters exist. A `.keras` file saves `W`, `A` and `B` apart (`LoRASaving`).
+    layer's adapters exist (`LoRAAdapters`). A `.keras` file saves `W`, `A` and `B` apart
+    (`LoRASaving`).
 
     Args:
         equation: str, the einsum equation (`"btd,dhk->bthk"`, `"bthk,hkd->btd"`, ...).
@@ -99,44 +99,21 @@ class LoRAEinsumDense(LoRASaving, keras.layers.EinsumDense):
                                      f"kernel's {letter!r}). Received: inputs.shape={shape}")
         return super().__call__(inputs, *args, **kwargs)
 
-    lora_adapters_enabled = False
-
     def enable_lora(self, rank, lora_alpha=None, a_initializer="he_uniform",
                     b_initializer="zeros"):
         """Adds `A`, `B` (float32) and freezes `W`; raises a `ValueError` for a bad `rank`
         or `lora_alpha`, before the layer is built, with an activation (the update is added
         before it), or when the adapters exist already."""
-        rank = check_positive_int("rank", rank)
-        if lora_alpha is not None:
-            check_positive_number("lora_alpha", lora_alpha)
-        if not self.built:
-            raise ValueError(f"Cannot enable LoRA on '{self.name}' before it is built.")
-        if self.lora_adapters_enabled:
-            raise ValueError(f"LoRA is already enabled on '{self.name}'. Received: rank={rank}")
+        rank, lora_alpha = self._check_lora_settings(rank, lora_alpha)
         if self.activation not in (None, keras.activations.linear):
             raise ValueError(f"LoRA on '{self.name}' needs an EinsumDense without activation. "
                              f"Received: activation={self.activation}")
         shape = (tuple(self.original_kernel_shape) if self.quantization_mode == "int4"
                  else tuple(self._kernel.shape))
         inputs, outputs = _kernel_axes(self.equation, shape)
-        self._tracker.unlock()
-        self.lora_kernel_a = self.add_weight(
-            name="lora_kernel_a", shape=inputs + (rank,),
-            initializer=_flat_initializer(a_initializer, len(inputs)), dtype="float32")
-        self.lora_kernel_b = self.add_weight(
-            name="lora_kernel_b", shape=(rank,) + outputs,
-            initializer=keras.initializers.get(b_initializer), dtype="float32")
-        self._tracker.lock()
-        self._kernel.trainable = False
-        self.lora_adapters_enabled = True
-        self.lora_rank = rank
-        self.lora_alpha = rank if lora_alpha is None else lora_alpha
-
-    def _adapters_on(self):
-        return self.lora_adapters_enabled
-
-    def _scale(self):
-        return self.lora_alpha / self.lora_rank
+        self._add_lora_adapters(rank, lora_alpha, inputs + (rank,), (rank,) + outputs,
+                                _flat_initializer(a_initializer, len(inputs)), b_initializer,
+                                frozen=self._kernel)
 
     def lora_delta(self):
         """`(α/r)·A·B` with the kernel's shape (float32)."""
@@ -144,7 +121,7 @@ class LoRAEinsumDense(LoRASaving, keras.layers.EinsumDense):
         flat_a = ops.reshape(a, (-1, a.shape[-1]))
         flat_b = ops.reshape(b, (b.shape[0], -1))
         shape = tuple(a.shape[:-1]) + tuple(b.shape[1:])
-        return ops.reshape(ops.matmul(flat_a, flat_b), shape) * self._scale()
+        return ops.reshape(ops.matmul(flat_a, flat_b), shape) * self._lora_scale()
 
     @property
     def kernel(self):
@@ -164,7 +141,7 @@ class LoRAEinsumDense(LoRASaving, keras.layers.EinsumDense):
         a = ops.cast(self.lora_kernel_a, inputs.dtype)
         b = ops.cast(self.lora_kernel_b, inputs.dtype)
         update = ops.tensordot(ops.tensordot(inputs, a, axes=len(a.shape) - 1), b, axes=1)
-        return outputs + ops.cast(update * self._scale(), outputs.dtype)
+        return outputs + ops.cast(update * self._lora_scale(), outputs.dtype)
 
 
 def _flat_initializer(initializer, input_axes):

@@ -8,7 +8,6 @@ import os
 import keras
 
 from keras_xf.layers.embeddings.token_embedding import TokenEmbedding
-from keras_xf.layers.feedforward.expert_weights import ExpertWeights
 from keras_xf.layers.feedforward.feed_forward import FeedForward
 from keras_xf.layers.feedforward.mixture_of_experts import MixtureOfExperts
 from keras_xf.layers.lora.adapters import has_lora
@@ -103,16 +102,10 @@ def enable(model, rank, alpha, targets):
             variable.trainable = False
 
 
-def _has_adapters(layer):
-    if isinstance(layer, (ExpertWeights, TokenEmbedding)):
-        return layer.lora_enabled
-    return has_lora(layer)
-
-
 def adapter_layers(model):
-    """The projections of `model` with LoRA adapters (keras_xf's `LoRAEinsumDense` and
-    `ExpertWeights`, Keras' `Dense` and `EinsumDense`)."""
-    return [layer for layer in sublayers(model) if _has_adapters(layer)]
+    """The projections of `model` with LoRA adapters (keras_xf's `LoRAEinsumDense`,
+    `ExpertWeights` and `TokenEmbedding`, Keras' `Dense` and `EinsumDense`)."""
+    return [layer for layer in sublayers(model) if has_lora(layer)]
 
 
 def adapter_variables(model):
