@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # compiling small ops on one thread, so two processes on two cores nearly halve the suite.
 TEST_WORKERS ?= 2
 
-.PHONY: install test test-one demo bench docs clean
+.PHONY: install test test-one demo bench bench-real-size docs clean
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,13 @@ demo: install
 # BENCH_ARGS="--quick" is a smoke test of the harness (see benchmarks/README.md).
 bench: install
 	KERAS_BACKEND=$${KERAS_BACKEND:-tensorflow} $(PY) -m benchmarks.run $(BENCH_ARGS)
+
+# Decoding a SmolLM2-135M-shaped Llama against transformers in one process, float32, bfloat16
+# and int8, batch 1 and 8, beside the memory-bandwidth bound (benchmarks/real_size.py; a target
+# of its own, so that `bench` keeps its length). Writes benchmarks/results/real_size_<backend>.json;
+# REAL_SIZE_ARGS="--tiny" is a smoke test (see benchmarks/README.md).
+bench-real-size: install
+	KERAS_BACKEND=$${KERAS_BACKEND:-tensorflow} $(PY) -m benchmarks.real_size $(REAL_SIZE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -34,11 +34,6 @@ CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hi
               tie_word_embeddings=False)
 
 
-def _current_rss_mb():
-    with open("/proc/self/statm") as file:
-        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def _checkpoint_mb(folder):
     return sum(p.stat().st_size for p in pathlib.Path(folder).glob("*.safetensors")) / 2**20
 
@@ -66,20 +61,18 @@ def write(folder):
 
 def load_keras_xf(folder, warm):
     import keras
-    import numpy as np
 
     from keras_xf.checkpoints import from_huggingface
 
     if warm:
         _first_logits_keras_xf(from_huggingface(_warmup_folder(folder), progress=False))
-    before = _current_rss_mb()
+    before = measure.current_rss_mb()
     start = time.perf_counter()
     model = from_huggingface(folder, progress=False)
     seconds = time.perf_counter() - start
     _first_logits_keras_xf(model)
     ready = time.perf_counter() - start
-    weights = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
-                  for v in model.weights) / 2**20
+    weights = measure.weight_bytes(model) / 2**20
     return {"library": f"keras_xf ({keras.config.backend()})", "warm": warm, "seconds": seconds,
             "ready_seconds": ready, "added_peak_mb": measure.peak_rss_mb() - before,
             "weights_mb": weights}
@@ -107,7 +100,7 @@ def load_transformers(folder, warm):
     if warm:
         _first_logits_transformers(transformers.AutoModelForCausalLM.from_pretrained(
             _warmup_folder(folder), dtype=torch.float32))
-    before = _current_rss_mb()
+    before = measure.current_rss_mb()
     start = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     seconds = time.perf_counter() - start

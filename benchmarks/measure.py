@@ -14,6 +14,19 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def current_rss_mb():
+    """The process's resident memory now, from /proc/self/statm (Linux)."""
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def weight_bytes(model):
+    """Bytes of a Keras model's variables in memory (kernels, tables, quantisation scales,
+    norms, biases), each at its own dtype."""
+    return sum(int(np.prod(w.shape)) * np.dtype(keras.backend.standardize_dtype(w.dtype)).itemsize
+               for w in model.weights)
+
+
 def device_memory_mb():
     """`(in use, peak)` MB of the accelerator's memory, or None on a CPU (where the resident
     memory of `peak_rss_mb` is the measure). JAX: the first device's allocator statistics;
@@ -100,6 +113,19 @@ def peak_matmul_flops(size=2048, dtype="float32", repeats=5):
     # which on an accelerator takes far longer than the product.
     seconds = median_seconds(lambda: keras.ops.matmul(a, b)[:1, :1], warmup=2, repeats=repeats)
     return 2 * size**3 / seconds
+
+
+def memory_bandwidth_gb_s(megabytes=1024, repeats=5):
+    """The memory's read bandwidth in GB/s (10⁹ bytes): the best of `repeats` numpy sums of a
+    float32 array of `megabytes` MiB (one thread, far larger than the caches), the rate at
+    which a decoding step can stream weights that do not fit in the caches."""
+    array = np.ones(megabytes * 2**20 // 4, "float32")
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        array.sum()
+        best = min(best, time.perf_counter() - start)
+    return array.nbytes / best / 1e9
 
 
 def cpu_name():

@@ -90,19 +90,15 @@ def accuracy(models, codes, rng, args):
     }
 
 
-def weight_bytes(model):
-    """Bytes of the model's variables (kernels, tables, scales, norms, biases) in memory."""
-    return sum(int(np.prod(w.shape)) * np.dtype(keras.backend.standardize_dtype(w.dtype)).itemsize
-               for w in model.weights)
-
-
 def size(models, folder):
     """Bytes of the weights in memory and of the `.keras` file, float32 and int8."""
+    from benchmarks import measure
+
     results = {}
     for name, model in models.items():
         path = folder / f"lm_{name}.keras"
         model.save(str(path))
-        results[f"weight_bytes_{name}"] = weight_bytes(model)
+        results[f"weight_bytes_{name}"] = measure.weight_bytes(model)
         results[f"keras_file_bytes_{name}"] = os.path.getsize(path)
     for kind in ("weight_bytes", "keras_file_bytes"):
         results[f"{kind}_ratio_int8_over_float32"] = (
