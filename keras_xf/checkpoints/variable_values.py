@@ -1,6 +1,8 @@
 """The first value of a variable loaded from a checkpoint tensor, made in as few passes over
 its bytes as the backend allows."""
 
+import mmap
+
 import keras
 import numpy as np
 
@@ -36,16 +38,28 @@ def c_ordered_copy(value, dtype, result=None):
     return result
 
 
+def _unpaged_empty(shape, dtype):
+    """An empty C-ordered array in an anonymous mapping of its own: page-aligned, and without
+    the transparent huge pages that NumPy's allocator asks for (their faults cost the kernel
+    more than the copy that fills them)."""
+    count = int(np.prod(shape))
+    buffer = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))
+    return np.frombuffer(buffer, dtype, count=count).reshape(shape)
+
+
 def variable_value(value, dtype, sources=()):
     """What to give a variable of `dtype` as its first value so that it holds its own copy
     of the NumPy array `value`, which may be a strided view of the arrays `sources` (read-only
     file mappings).
 
-    JAX copies a NumPy array into its own buffer, and a TensorFlow variable into its own:
-    either takes a C-ordered `value` as it is. PyTorch takes the memory of the tensor it is
-    given: it gets a tensor over a private C-ordered copy. A transposed view is first copied
-    to C order (`c_ordered_copy`). Every backend ends with one copy of the tensor, made in
-    one or two passes, never NumPy's strided one.
+    Each backend gets the tensor in one copy of its own, made in C order (a transposed view
+    in tiles, `c_ordered_copy`), never NumPy's strided copy: PyTorch, which keeps the memory
+    of the tensor it is given, a tensor from its own allocator filled in place; TensorFlow,
+    whose conversion of a NumPy array copies it again, a page-aligned buffer passed through
+    DLPack without a copy; JAX, which copies whatever it is given into its own buffer, the
+    array itself when it is C-ordered (through `jax.device_put`, a faster copy than
+    `jnp.asarray`'s). bfloat16 arrays, which DLPack and `torch.from_numpy` do not take, go
+    to PyTorch and TensorFlow as NumPy arrays.
     """
     dtype = keras.backend.standardize_dtype(dtype)
     backend = keras.config.backend()
@@ -57,11 +71,14 @@ def variable_value(value, dtype, sources=()):
             np.may_share_memory(value, source) for source in sources)
         if private:
             return torch.from_numpy(value)
-        # PyTorch's allocator, not NumPy's: NumPy asks for transparent huge pages, whose
-        # faults cost the kernel more than the copy itself.
         result = torch.empty(value.shape, dtype=getattr(torch, dtype))
         c_ordered_copy(value, dtype, result.numpy())
         return result
+    if backend == "tensorflow" and dtype != "bfloat16":
+        import tensorflow as tf
+
+        result = c_ordered_copy(value, dtype, _unpaged_empty(value.shape, dtype))
+        return tf.experimental.dlpack.from_dlpack(result.__dlpack__())
     if backend == "jax":
         import jax
 
