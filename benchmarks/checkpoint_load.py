@@ -31,11 +31,6 @@ CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hi
               tie_word_embeddings=False)
 
 
-def _current_rss_mb():
-    with open("/proc/self/statm") as file:
-        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def _checkpoint_mb(folder):
     return sum(p.stat().st_size for p in pathlib.Path(folder).glob("*.safetensors")) / 2**20
 
@@ -69,7 +64,7 @@ def load_keras_xf(folder, warm):
 
     if warm:
         from_huggingface(_warmup_folder(folder))
-    before = _current_rss_mb()
+    before = measure.current_rss_mb()
     start = time.perf_counter()
     model = from_huggingface(folder)
     seconds = time.perf_counter() - start
@@ -86,7 +81,7 @@ def load_transformers(folder, warm):
     if warm:
         transformers.AutoModelForCausalLM.from_pretrained(_warmup_folder(folder),
                                                           dtype=torch.float32)
-    before = _current_rss_mb()
+    before = measure.current_rss_mb()
     start = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     seconds = time.perf_counter() - start

@@ -14,6 +14,35 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def current_rss_mb():
+    """The process's resident memory now (MB), from /proc/self/statm."""
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def reset_peak_rss():
+    """Lowers the process's resident high-water mark (`VmHWM`) to its resident memory now
+    (Linux: `echo 5 > /proc/self/clear_refs`), so that `phase_peak_rss_mb` gives the peak of
+    what runs next alone. Returns whether the kernel allowed it; where it did not, the mark
+    keeps the peak of everything before."""
+    try:
+        with open("/proc/self/clear_refs", "w") as file:
+            file.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def phase_peak_rss_mb():
+    """The resident high-water mark (`VmHWM`, MB) since the last `reset_peak_rss`, or since
+    the process started."""
+    with open("/proc/self/status") as file:
+        for line in file:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return peak_rss_mb()
+
+
 def device_memory_mb():
     """`(in use, peak)` MB of the accelerator's memory, or None on a CPU (where the resident
     memory of `peak_rss_mb` is the measure). JAX: the first device's allocator statistics;
