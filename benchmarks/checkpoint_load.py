@@ -82,7 +82,8 @@ def load_keras_xf(folder, warm):
     weights = measure.weight_bytes(model) / 2**20
     return {"library": f"keras_xf ({keras.config.backend()})", "warm": warm, "seconds": seconds,
             "read_seconds": read, "ready_seconds": ready,
-            "imported_tensorflow": imported_tensorflow and "tensorflow" in sys.modules, "added_peak_mb": measure.peak_rss_mb() - before,
+            "imported_tensorflow": imported_tensorflow and "tensorflow" in sys.modules,
+            "added_peak_mb": measure.peak_rss_mb() - before,
             "weights_mb": weights}
 
 

@@ -15,7 +15,7 @@ def peak_rss_mb():
 
 
 def current_rss_mb():
-    """The process's resident memory now, from /proc/self/statm (Linux)."""
+    """The process's resident memory now (MB), from /proc/self/statm (Linux)."""
     with open("/proc/self/statm") as file:
         return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
@@ -25,6 +25,29 @@ def weight_bytes(model):
     norms, biases), each at its own dtype."""
     return sum(int(np.prod(w.shape)) * np.dtype(keras.backend.standardize_dtype(w.dtype)).itemsize
                for w in model.weights)
+
+
+def reset_peak_rss():
+    """Lowers the process's resident high-water mark (`VmHWM`) to its resident memory now
+    (Linux: `echo 5 > /proc/self/clear_refs`), so that `phase_peak_rss_mb` gives the peak of
+    what runs next alone. Returns whether the kernel allowed it; where it did not, the mark
+    keeps the peak of everything before."""
+    try:
+        with open("/proc/self/clear_refs", "w") as file:
+            file.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def phase_peak_rss_mb():
+    """The resident high-water mark (`VmHWM`, MB) since the last `reset_peak_rss`, or since
+    the process started."""
+    with open("/proc/self/status") as file:
+        for line in file:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return peak_rss_mb()
 
 
 def device_memory_mb():

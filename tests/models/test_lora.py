@@ -17,10 +17,13 @@ from keras_xf.layers import TransformerBlock
 from keras_xf.layers.feedforward.expert_weights import ExpertWeights
 from keras_xf.layers.lora.adapters import has_lora
 from keras_xf.layers.lora.lora_einsum_dense import LoRAEinsumDense
+from keras_xf.training import ChunkedCrossEntropy
+from tests.layer_checks import value_and_gradients
 from tests.layers.bad_inputs import raises_naming
 from tests.models.tiny import FFN
 from tests.models.tiny import HEADS
 from tests.models.tiny import VOCAB
+from tests.models.tiny import WIDTH
 from tests.models.tiny import causal_lm
 from tests.models.tiny import token_batch
 
@@ -345,3 +348,96 @@ def test_output_head_adapters_train_save_and_merge(tmp_path):
                                atol=1e-5)
     with pytest.raises(ValueError, match="tied to the token table takes no adapters"):
         causal_lm(num_layers=1).enable_lora(2, targets=["output_head"])
+
+
+def float_shapes_kept_for_backward(function, inputs):
+    """The shapes of the floating-point tensors that automatic differentiation keeps from
+    the forward pass of `function(*inputs)` for its backward pass: PyTorch's saved tensors,
+    JAX's residuals of `jax.vjp`, and on TensorFlow the forward tensors that the gradient
+    ops of a traced `tf.function` read."""
+    if BACKEND == "torch":
+        import torch
+
+        shapes = set()
+
+        def pack(tensor):
+            if tensor.is_floating_point():
+                shapes.add(tuple(tensor.shape))
+            return tensor
+
+        tensors = [torch.tensor(x, requires_grad=True) for x in inputs]
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            function(*tensors)
+        return shapes
+    if BACKEND == "jax":
+        import jax
+
+        _, backward = jax.vjp(function, *inputs)
+        return {tuple(leaf.shape) for leaf in jax.tree_util.tree_leaves(backward)
+                if jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating)}
+    import tensorflow as tf
+
+    @tf.function
+    def step(*tensors):
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            value = function(*tensors)
+        return tape.gradient(value, tensors)
+
+    graph = step.get_concrete_function(*[tf.TensorSpec(x.shape, x.dtype) for x in inputs]).graph
+    backward = [op for op in graph.get_operations() if op.name.startswith("gradient_tape/")]
+    return {tuple(t.shape) for op in backward for t in op.inputs
+            if t.dtype.is_floating and not t.op.name.startswith("gradient_tape/")}
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("tie_embeddings", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("shape", [(2, 8), (4, 20)], ids=["few_rows", "many_rows"])
+def test_quantised_head_trains_without_a_float_copy_of_its_table(mode, tie_embeddings, shape):
+    # A frozen quantised output head passes the gradient of the logits to the hidden states
+    # (towards the adapters below it) as its dequantised table does, and its backward pass
+    # dequantises the table again: no float `[V, d]` copy is kept from the forward pass.
+    model = causal_lm(num_layers=1, tie_embeddings=tie_embeddings)
+    model.quantize(mode)
+    model.enable_lora(2)
+    embedding = model.backbone.embeddings.token_embedding
+    table = keras.ops.convert_to_numpy(embedding.output_table())
+    assert table.shape == (VOCAB, WIDTH) and table.dtype == np.float32
+    rng = np.random.default_rng(3)
+    hidden = rng.normal(size=shape + (WIDTH,)).astype("float32")
+    weights = keras.ops.convert_to_tensor(rng.normal(size=shape + (VOCAB,)).astype("float32"))
+
+    def weighted_logits(h):
+        return keras.ops.sum(embedding(h, reverse=True) * weights)
+
+    value, (gradient,) = value_and_gradients(weighted_logits, [hidden])
+    np.testing.assert_allclose(value, np.sum((hidden @ table.T) * np.asarray(weights)),
+                               rtol=1e-4)
+    np.testing.assert_allclose(gradient, np.asarray(weights) @ table, rtol=1e-4, atol=1e-5)
+    kept = float_shapes_kept_for_backward(weighted_logits, [hidden])
+    assert not kept & {table.shape, table.shape[::-1]}, kept
+
+
+@pytest.mark.parametrize("tie_embeddings, targets", [
+    (True, ["query", "value", "ffn_hidden"]),
+    (False, ["query", "value", "ffn_hidden"]),
+    (False, ["query", "value", "output_head"]),
+], ids=["tied", "untied", "untied_with_head_adapters"])
+def test_chunked_loss_of_a_quantised_base_is_the_plain_loss(tie_embeddings, targets):
+    # `ChunkedCrossEntropy` forms the logits from `output_table()`: the dequantised table
+    # (with the head's adapters), not the integer values.
+    model = causal_lm(num_layers=1, tie_embeddings=tie_embeddings)
+    model.quantize("int8")
+    model.enable_lora(4, alpha=8, targets=targets)
+    x, y = data()
+    def losses():  # plain, then chunked (the model stays compiled with it)
+        values = []
+        for loss in ("auto", ChunkedCrossEntropy(16)):
+            model.compile(optimizer=keras.optimizers.Adam(3e-2), loss=loss, weighted_metrics=[])
+            values.append(model.evaluate(x, y, verbose=0))
+        return values
+
+    np.testing.assert_allclose(*losses(), rtol=1e-5)
+    history = model.fit(x, y, epochs=6, verbose=0).history["loss"]  # chunked
+    assert history[-1] < history[0] - 0.05, history
+    np.testing.assert_allclose(*losses(), rtol=1e-5)

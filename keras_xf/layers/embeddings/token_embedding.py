@@ -109,40 +109,76 @@ class TokenEmbedding(LoRAAdapters, QuantizedVariableSaving, keras.layers.Layer):
     def _int4_call(self, inputs, reverse=False):
         return self._embed_or_project(inputs, reverse, quantized=True)
 
+    def _unpacked(self, values, name):
+        """The values of the table `name` as stored, or its int4 values unpacked to int8
+        (packed along `d`)."""
+        if self.quantization_mode != "int4":
+            return values
+        axis = 1 if name == "embeddings" else 0
+        return keras.quantizers.unpack_int4(values, self.embedding_dim, axis=axis)
+
     def _table(self, name):
         """A table as stored, or its int4 values unpacked to int8 (packed along `d`)."""
-        table = getattr(self, name)
-        if self.quantization_mode != "int4":
-            return table
-        axis = 1 if name == "embeddings" else 0
-        return keras.quantizers.unpack_int4(table, self.embedding_dim, axis=axis)
+        return self._unpacked(getattr(self, name), name)
+
+    def _product(self, inputs, table, tied):
+        """`h · Eᵀ` (tied: `table` is the `[V, d]` token table) or `h · W_out` (`[d, V]`)."""
+        if not tied:
+            return ops.matmul(inputs, table)
+        # Only for concrete sizes: symbolic ones (shape-polymorphic export, torch.export)
+        # would turn the comparison into a guard on the exported input shapes.
+        leading = tuple(inputs.shape[:-1])
+        rows = math.prod(leading) if all(type(d) is int for d in leading) else None
+        if rows is not None and rows <= _FEW_ROWS:
+            # A few rows (a decoding step): `table · hᵀ` reads the table in its own
+            # layout, where `h · tableᵀ` makes XLA copy the whole table transposed.
+            flat = ops.reshape(inputs, (rows, inputs.shape[-1]))
+            logits = ops.transpose(ops.matmul(table, ops.transpose(flat)))
+            return ops.reshape(logits, leading + (self.vocabulary_size,))
+        return ops.matmul(inputs, ops.transpose(table))
+
+    def _quantized_logits(self, inputs, name):
+        """`(h · q) / s` of the quantised table `name` (`q / s ≈` the float table). Its
+        gradient, to `h` only, dequantises `q` again in the backward pass: automatic
+        differentiation would keep the float copy of the forward pass (`[V, d]`, as large as
+        the float layer's table) alive until the backward pass, the cost that quantising a
+        frozen head for LoRA training is meant to save. Keras' quantised `Dense` and
+        `EinsumDense` do the same. A compiled graph may still compute the backward's copy
+        early, since it depends on the table alone (XLA on a CPU does)."""
+        tied = name == "embeddings"
+
+        @ops.custom_gradient
+        def project(inputs, values, scale):
+            def grad_fn(*args, upstream=None):
+                if upstream is None:
+                    (upstream,) = args
+                table = ops.cast(self._unpacked(values, name), upstream.dtype)
+                upstream = ops.divide(upstream, ops.cast(scale, upstream.dtype))
+                gradient = ops.matmul(upstream, table if tied else ops.transpose(table))
+                return gradient, None, None
+
+            table = ops.cast(self._unpacked(values, name), self.compute_dtype)
+            logits = self._product(inputs, table, tied)
+            return ops.divide(logits, ops.cast(scale, logits.dtype)), grad_fn
+
+        return project(inputs, ops.convert_to_tensor(getattr(self, name)),
+                       ops.convert_to_tensor(getattr(self, f"{name}_scale")))
 
     def _embed_or_project(self, inputs, reverse, quantized):
         """Float and int8 paths; int8 tables hold `q = round(E · s)` with one scale `s` per
-        vocabulary entry, so `E ≈ q / s` row by row (lookup) and column by column (logits)."""
+        vocabulary entry, so `E ≈ q / s` row by row (lookup) and column by column (logits).
+        The quantised logits are the float hidden states times the integer table, then the
+        per-token scale: the dequantised table's logits (only weight rounding, no input
+        rounding)."""
         if reverse:
             check_width(inputs, self.embedding_dim)
-            if not self.tie_weights:
-                logits = ops.matmul(inputs, ops.cast(self._table("reverse_embeddings"),
-                                                     self.compute_dtype))
-                logits = self._descale(logits, "reverse_embeddings_scale", quantized)
-                return self._add_lora(inputs, logits)
-            # int8: float hidden states times the int8 table, then the per-token scale; this
-            # equals the dequantised table's logits (only weight rounding, no input rounding).
-            table = ops.cast(self._table("embeddings"), self.compute_dtype)
-            # Only for concrete sizes: symbolic ones (shape-polymorphic export, torch.export)
-            # would turn the comparison into a guard on the exported input shapes.
-            leading = tuple(inputs.shape[:-1])
-            rows = math.prod(leading) if all(type(d) is int for d in leading) else None
-            if rows is not None and rows <= _FEW_ROWS:
-                # A few rows (a decoding step): `table · hᵀ` reads the table in its own
-                # layout, where `h · tableᵀ` makes XLA copy the whole table transposed.
-                flat = ops.reshape(inputs, (rows, inputs.shape[-1]))
-                logits = ops.transpose(ops.matmul(table, ops.transpose(flat)))
-                logits = ops.reshape(logits, leading + (self.vocabulary_size,))
+            name = "embeddings" if self.tie_weights else "reverse_embeddings"
+            if quantized:
+                logits = self._quantized_logits(inputs, name)
             else:
-                logits = ops.matmul(inputs, ops.transpose(table))
-            return self._descale(logits, "embeddings_scale", quantized)
+                logits = self._product(inputs, ops.cast(getattr(self, name), self.compute_dtype),
+                                       self.tie_weights)
+            return logits if self.tie_weights else self._add_lora(inputs, logits)
         ids = ops.cast(inputs, "int32")
         outputs = ops.cast(ops.take(self._table("embeddings"), ids, axis=0), self.compute_dtype)
         if quantized:
@@ -183,6 +219,15 @@ class TokenEmbedding(LoRAAdapters, QuantizedVariableSaving, keras.layers.Layer):
         update = ops.matmul(ops.matmul(inputs, a), b) * self._lora_scale()
         return logits + ops.cast(update, logits.dtype)
 
+    def _dequantized(self, name):
+        """The table `name` in float32: the variable, or `q / s` of a quantised one (one
+        scale per token: rows of `E`, columns of `W_out`)."""
+        table = ops.cast(self._table(name), "float32")
+        if self.quantization_mode is None:
+            return table
+        scale = ops.cast(getattr(self, f"{name}_scale"), "float32")
+        return table / (scale[:, None] if name == "embeddings" else scale[None, :])
+
     @property
     def reverse_kernel(self):
         """The untied output matrix `[d, V]` the logits use: the `reverse_embeddings`
@@ -190,16 +235,20 @@ class TokenEmbedding(LoRAAdapters, QuantizedVariableSaving, keras.layers.Layer):
         `q / s`)."""
         if not self.lora_enabled:
             return self.reverse_embeddings
-        table = ops.cast(self._table("reverse_embeddings"), "float32")
-        if self.quantization_mode is not None:
-            table = table / ops.cast(self.reverse_embeddings_scale, "float32")[None, :]
         delta = ops.matmul(self.lora_kernel_a, self.lora_kernel_b)
-        return table + delta * self._lora_scale()
+        return self._dequantized("reverse_embeddings") + delta * self._lora_scale()
 
-    def _descale(self, logits, scale_name, quantized):
-        if not quantized:
-            return logits
-        return ops.divide(logits, ops.cast(getattr(self, scale_name), logits.dtype))
+    def output_table(self):
+        """The `[V, d]` table `E` in the compute dtype whose product `h · Eᵀ` gives the
+        logits of `reverse=True`: the token table (tied) or `W_outᵀ` with its LoRA update,
+        dequantised (`q / s`) when the layer is quantised."""
+        if self.tie_weights:
+            table = self._dequantized("embeddings")
+        elif self.lora_enabled:
+            table = ops.transpose(self.reverse_kernel)
+        else:
+            table = ops.transpose(self._dequantized("reverse_embeddings"))
+        return ops.cast(table, self.compute_dtype)
 
     def quantize(self, mode=None, type_check=True, config=None):
         """Quantises the table(s) in place to int8 or int4 (`model.quantize(mode)`), as Keras'

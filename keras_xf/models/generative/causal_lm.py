@@ -140,11 +140,9 @@ class CausalLM(ChunkedLossModel, GenerativeTask):
         """The output embedding as a `[V, d]` table `E` in the compute dtype, so that
         `_logits(h) = float32(h · Eᵀ)`: the token embedding, or the separate output matrix
         transposed when the weights are not tied."""
-        embedding = self.backbone.embeddings.token_embedding
-        if embedding.tie_weights:
-            return ops.cast(embedding.embeddings, embedding.compute_dtype)
-        # `reverse_kernel`: with LoRA on the output head, the merged `W_out + (α/r)·A·B`.
-        return ops.transpose(ops.cast(embedding.reverse_kernel, embedding.compute_dtype))
+        # With LoRA on the output head, the merged `W_out + (α/r)·A·B`; of a quantised
+        # model, the dequantised table.
+        return self.backbone.embeddings.token_embedding.output_table()
 
     def _uncached_hidden(self, token_ids, context):
         return self.backbone({"token_ids": token_ids, "padding_mask": ops.ones_like(token_ids)},
