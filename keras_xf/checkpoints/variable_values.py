@@ -56,19 +56,20 @@ def variable_value(value, dtype, sources=()):
     in tiles, `c_ordered_copy`), never NumPy's strided copy: PyTorch, which keeps the memory
     of the tensor it is given, a tensor from its own allocator filled in place; TensorFlow,
     whose conversion of a NumPy array copies it again, a page-aligned buffer passed through
-    DLPack without a copy; JAX, which copies whatever it is given into its own buffer, the
-    array itself when it is C-ordered (through `jax.device_put`, a faster copy than
-    `jnp.asarray`'s). bfloat16 arrays, which DLPack and `torch.from_numpy` do not take, go
-    to PyTorch and TensorFlow as NumPy arrays.
+    DLPack without a copy; JAX, which on the CPU keeps an array aligned to 64 bytes as its
+    buffer instead of copying it (even a read-only file mapping, and even when told
+    `may_alias=False`), a private C-ordered array (`jax.device_put`, which then copies it or
+    keeps it). bfloat16 arrays, which DLPack and `torch.from_numpy` do not take, go to
+    PyTorch and TensorFlow as NumPy arrays.
     """
     dtype = keras.backend.standardize_dtype(dtype)
     backend = keras.config.backend()
     ordered = value.flags.c_contiguous and keras.backend.standardize_dtype(value.dtype) == dtype
+    private = ordered and value.flags.writeable and not any(
+        np.may_share_memory(value, source) for source in sources)
     if backend == "torch" and dtype != "bfloat16":
         import torch
 
-        private = ordered and value.flags.writeable and not any(
-            np.may_share_memory(value, source) for source in sources)
         if private:
             return torch.from_numpy(value)
         result = torch.empty(value.shape, dtype=getattr(torch, dtype))
@@ -82,5 +83,5 @@ def variable_value(value, dtype, sources=()):
     if backend == "jax":
         import jax
 
-        return jax.device_put(value if ordered else c_ordered_copy(value, dtype))
-    return value if ordered else c_ordered_copy(value, dtype)
+        return jax.device_put(value if private else c_ordered_copy(value, dtype))
+    return value if private else c_ordered_copy(value, dtype)
