@@ -1,6 +1,7 @@
 """Multi-head, multi-query and grouped-query attention with a KV cache (survey §2.3, §2.6, §5.4)."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_xf.layers.attention.attention_pattern import AttentionPattern
@@ -308,6 +309,13 @@ class MultiHeadAttention(ScoreExtensionsMixin, FastPathsMixin, SequenceMixer):
             cache, cache_index, value, attention_bias, attention_multiplier, attention_weights,
             return_attention_scores, training,
         )
+        # The first write into a full cache, from position 0, attends to the keys it writes
+        # and to nothing else (the rest of the cache is empty): a prefill costs what the
+        # uncached pass over its tokens costs, however long the cache.
+        prefill = bool(head_major and padding_mask is None and attention_mask is None
+                       and value is None and key is None
+                       and type(cache_index) in (int, np.int32, np.int64) and cache_index == 0)
+        head_major = head_major and not prefill
         # A cache read as it is gives the keys and values (the head-major path reads it itself).
         q, k, v = self._project_inputs(query, value, key, cache if reuse_cache else None,
                                        None if head_major else kind)
@@ -332,7 +340,10 @@ class MultiHeadAttention(ScoreExtensionsMixin, FastPathsMixin, SequenceMixer):
             kind.check_masks(padding_mask, attention_mask)
             new_cache, attended, key_positions, valid_keys = kind.write(
                 cache, k, v, offset, query_length)
-            k, v = (None, None) if head_major else kind.read(attended)
+            if prefill:
+                key_positions, valid_keys = query_positions, None
+            else:
+                k, v = (None, None) if head_major else kind.read(attended)
         elif cache is not None:
             new_cache = cache if reuse_cache else kind.fill(cache, k, v)
 

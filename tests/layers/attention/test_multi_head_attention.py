@@ -141,6 +141,26 @@ def test_cached_decoding_equals_full_causal_pass(rng, kv_heads, rotary):
     assert [tuple(part.shape) for part in layer.init_cache(B, T + 2)] == [(B, kv_heads, T + 2, D // 4)] * 2
 
 
+@pytest.mark.parametrize("index", [0, "tensor"])
+def test_a_prefill_attends_to_its_own_keys_only(rng, index):
+    # A prefill from position 0 (a Python 0: the keys it writes alone; a tensor: the whole
+    # cache, masked past the written keys) over a cache whose later slots hold stale
+    # entries gives the full causal pass and writes the prompt's keys in place.
+    layer = MultiHeadAttention(num_heads=4, num_key_value_heads=2, position=RotaryEmbedding())
+    x = random_normal(rng, (B, T, D))
+    full = checks.to_numpy(layer(x, use_causal_mask=True))
+    stale = tuple(keras.ops.ones_like(part) * 7.0 for part in layer.init_cache(B, T + 3))
+    cache_index = 0 if index == 0 else keras.ops.convert_to_tensor(0, "int32")
+    out, cache = layer(x, cache=stale, cache_index=cache_index, use_causal_mask=True)
+    np.testing.assert_allclose(checks.to_numpy(out), full, atol=1e-5)
+    _, reference = layer(x, cache=layer.init_cache(B, T + 3), use_causal_mask=True,
+                         cache_index=keras.ops.convert_to_tensor(0, "int32"))
+    for part, expected in zip(cache, reference):
+        np.testing.assert_allclose(checks.to_numpy(part)[:, :, :T],
+                                   checks.to_numpy(expected)[:, :, :T], atol=1e-6)
+        np.testing.assert_array_equal(checks.to_numpy(part)[:, :, T:], 7.0)
+
+
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_cross_attention_cache_is_computed_once(rng, kv_heads):
     layer = MultiHeadAttention(num_heads=2, num_key_value_heads=kv_heads)
