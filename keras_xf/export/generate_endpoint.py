@@ -10,7 +10,7 @@ from keras_xf.export.endpoints import model_endpoints
 from keras_xf.export.signatures import dict_inputs
 from keras_xf.export.signatures import free_signature
 from keras_xf.export.signatures import jax2tf_kwargs
-from keras_xf.generation.prompts import prefill_length
+from keras_xf.generation.prompts import shortest_prompt
 from keras_xf.generation.sampling import get_sampler
 
 # Samplers whose loop is keras-hub's `(prompt, cache, index, mask)` loop (not beam search).
@@ -107,8 +107,10 @@ def add_generate_endpoints(archive, endpoints, sampler, given_jax2tf_kwargs=None
         inputs = dict(inputs)
         stop_token_ids = inputs.pop("stop_token_ids")
         seed = inputs.pop("seed")
-        # A recurrent state must see each token once: the loop feeds the prompt from 1.
-        start = 1 if generation.recurrent_state else prefill_length(inputs[mask_key])
+        # The whole width is prefilled and the loop starts at the shortest prompt's end, as
+        # `model.generate`'s does; a recurrent state must see each token once: the loop feeds
+        # the prompt from 1.
+        start = 1 if generation.recurrent_state else shortest_prompt(inputs[mask_key])
         return generation.generate_step(
             inputs, stop_token_ids=stop_token_ids,
             sampler=seeded_sampler(endpoints.serve, sampler, seed), use_cache=True,

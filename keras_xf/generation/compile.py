@@ -23,7 +23,7 @@ def compile_generate_function(model, function, sampler):
     if name == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(function, jit_compile=True, reduce_retracing=True)
+        return tf.function(function, jit_compile=True, reduce_retracing=True, autograph=False)
     if name == "jax":
         import jax
 

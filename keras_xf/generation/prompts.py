@@ -51,18 +51,30 @@ class PackedPrompts:
         self.form = form
 
     @property
-    def prefill_length(self):
-        """How many leading positions one parallel pass fills into the cache before the
-        decoding loop starts: the shortest prompt's length rounded down to a power of two.
+    def shortest(self):
+        """The shortest prompt's length (an int)."""
+        return int(self.padding_mask.sum(axis=1).min())
 
-        Every row has a prompt token at each of these positions. Rounding keeps the number of
-        compiled programs small (one per power of two rather than one per prompt length); the
-        remaining prompt tokens are fed one at a time by the loop, which keeps them.
+    def prefill_length(self, width, in_order=False):
+        """How many leading positions one parallel pass writes into the cache before the
+        decoding loop starts at the shortest prompt's end (`generate_step`'s
+        `prefill_length`), for inputs widened to `width`.
+
+        A cache addressed by position (attention's keys and values): the shortest prompt's
+        length rounded up to a power of two, at most `width`. The pass runs past the shorter
+        prompts' ends; the loop writes each of those positions again before any query reads
+        it. Feeding the rest of the prompt one token at a time instead would cost a whole
+        decoding step, every weight read once, per token. A cache written in order
+        (`in_order`: a recurrent state sees each token once, a rolling cache keeps only the
+        latest positions) gets the length rounded down instead, and the loop feeds the tokens
+        after it. Rounding keeps the compiled programs few (one per power of two).
         """
         # In NumPy: `prefill_length` in backend ops would compile its eager ops once per
         # prompt width on JAX (a tenth of a second a call, for a count).
-        shortest = int(self.padding_mask.sum(axis=1).min())
-        return 1 << (shortest.bit_length() - 1)
+        shortest = self.shortest
+        if in_order:
+            return 1 << (shortest.bit_length() - 1)
+        return min(bucket_length(shortest), width)
 
     def unpack(self, token_ids, padding_mask, form=None, keys=("token_ids", "padding_mask")):
         """Results in the structure the prompts came in (or in `form`); a dict result uses
@@ -220,14 +232,10 @@ def pack_prompts(inputs, max_length=None, default_max_length=None, pad_token_id=
     return PackedPrompts(token_ids, mask, form)
 
 
-def prefill_length(padding_mask):
-    """The shortest prompt's length rounded down to a power of two, an int32 scalar tensor
-    (see `PackedPrompts.prefill_length`); a tensor so that exported generation computes it
-    from its inputs. `padding_mask` `[B, L]` marks left-aligned prompts of at least one
-    token."""
-    shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
-    powers = ops.left_shift(ops.ones((31,), "int32"), ops.arange(31, dtype="int32"))
-    return ops.max(ops.where(powers <= shortest, powers, ops.ones_like(powers)))
+def shortest_prompt(padding_mask):
+    """The shortest prompt's length, an int32 scalar tensor (exported generation computes it
+    from its inputs). `padding_mask` `[B, L]` marks left-aligned prompts."""
+    return ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
 
 
 def output_padding_mask(token_ids, prompt_mask, stop_token_ids):

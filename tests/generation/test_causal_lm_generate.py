@@ -19,6 +19,7 @@ import pytest
 from keras_xf.layers import FeedForward
 from keras_xf.layers import MultiHeadAttention
 from keras_xf.layers import TransformerBlock
+from keras_xf.layers.attention.patterns.local_pattern import LocalPattern
 from keras_xf.generation.prompts import pack_prompts
 from keras_xf.models import CausalLM
 from tests.models.tiny import FFN
@@ -214,9 +215,9 @@ def test_sampling_gives_valid_ids_and_reuses_the_compiled_loop(lm, make_sampler)
 
 def test_a_sampler_named_by_a_string_is_compiled_once(alone_and_new_functions):
     # Three calls with sampler="greedy" and the same shapes: one compiled loop per prefill
-    # length (a power of two). The prompts of lengths 3 and 2 (prefill 2) reuse the loop of the
-    # compile default, greedy, that `as_list` compiled; the prompt of length 4 gets a new one.
-    assert alone_and_new_functions[1] == 1
+    # length (a power of two, at least 8). The prompts of lengths 3, 2 and 4 (prefill 8) all
+    # reuse the loop of the compile default, greedy, that `as_list` compiled.
+    assert alone_and_new_functions[1] == 0
 
 
 def test_prompt_longer_than_max_length_raises(lm):
@@ -243,10 +244,50 @@ def test_unknown_sampler_raises(lm):
         lm.generate(PROMPTS, max_length=MAX_LENGTH, sampler="nucleus")
 
 
-@pytest.mark.parametrize("lengths, expected", [([1], 1), ([3, 2, 4], 2), ([8, 9], 8), ([7, 12], 4)])
-def test_prefill_length_is_the_shortest_prompt_rounded_down_to_a_power_of_two(lengths, expected):
+@pytest.mark.parametrize("lengths, width, expected", [
+    ([1], 16, 8), ([3, 2, 4], 16, 8), ([8, 9], 16, 8), ([9, 12], 16, 16), ([9, 12], 12, 12),
+    ([100, 120], 128, 128)])
+def test_the_prefill_covers_the_shortest_prompt_rounded_up_to_a_power_of_two(lengths, width,
+                                                                           expected):
     prompts = [list(range(1, n + 1)) for n in lengths]
-    assert pack_prompts(prompts, max_length=12).prefill_length == expected
+    assert pack_prompts(prompts, max_length=width).prefill_length(width) == expected
+
+
+@pytest.mark.parametrize("lengths, expected", [([1], 1), ([3, 2, 4], 2), ([8, 9], 8), ([7, 12], 4)])
+def test_an_in_order_prefill_is_the_shortest_prompt_rounded_down(lengths, expected):
+    prompts = [list(range(1, n + 1)) for n in lengths]
+    packed = pack_prompts(prompts, max_length=16)
+    assert packed.prefill_length(16, in_order=True) == expected
+
+
+@pytest.mark.parametrize("prefill_length", [2, 4, 8])
+def test_every_prefill_length_gives_the_same_tokens(lm, greedy, prefill_length):
+    # Shorter than the shortest prompt (the loop feeds the rest of the prompt), as long as
+    # it, or past it into the padding (written again by the loop before it is read).
+    packed = pack_prompts(PROMPTS, max_length=MAX_LENGTH)
+    outputs = lm.generate_step({"token_ids": keras.ops.convert_to_tensor(packed.token_ids),
+                                "padding_mask": keras.ops.convert_to_tensor(packed.padding_mask)},
+                               prefill_length=prefill_length)
+    np.testing.assert_array_equal(to_numpy(outputs["token_ids"]), greedy)
+
+
+def test_a_rolling_cache_is_prefilled_in_order():
+    # Local attention decodes with a rolling cache of 3 slots: a pass running past the
+    # shortest prompt would overwrite the slots the loop still reads, so the prefill stops
+    # before it, and cached generation equals the uncached reference.
+    keras.utils.set_random_seed(5)
+    mixer = MultiHeadAttention(num_heads=2, head_dim=4, pattern=LocalPattern(2))
+    assert mixer.cache_is_rolling and not MultiHeadAttention(num_heads=2).cache_is_rolling
+    block = TransformerBlock(mixer=mixer, feedforward=FeedForward(FFN, activation="gelu"),
+                             norm_placement="pre")
+    model = randomize_embeddings(CausalLM(vocabulary_size=VOCAB, num_layers=1,
+                                          hidden_dim=WIDTH, block=block, position="rotary"),
+                                 seed=5)
+    prompts = [[3, 4, 5, 6, 7], [6, 7, 8, 9, 10, 11, 12]]
+    assert pack_prompts(prompts, max_length=16).prefill_length(16, in_order=True) == 4
+    cached = np.array(model.generate(prompts, max_length=16))
+    np.testing.assert_array_equal(cached, np.array(model.generate(prompts, max_length=16,
+                                                                  use_cache=False)))
 
 
 def test_whole_width_prefill_gives_the_same_tokens(lm, greedy):

@@ -257,6 +257,11 @@ class MultiHeadAttention(ScoreExtensionsMixin, FastPathsMixin, SequenceMixer):
             if hook is not None and not hook.built:
                 hook.build(head_shape)
 
+    @property
+    def cache_is_rolling(self):
+        """Whether decoding keeps a rolling cache (`RollingCache`): a pattern with `cache_slots`."""
+        return self.pattern is not None and self.pattern.cache_slots is not None
+
     def init_cache(self, batch_size, max_length, dtype=None):
         """A zero cache, the head-major pair `(keys [batch_size, num_key_value_heads,
         max_length, qk_dim], values [batch_size, num_key_value_heads, max_length, head_dim])`

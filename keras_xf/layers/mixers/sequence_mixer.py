@@ -43,6 +43,9 @@ class SequenceMixer(keras.layers.Layer):
     - `cache_is_recurrent`: the cache is a fixed-size state that each call advances (SSMs,
       linear attention, recurrent and convolution mixers), not a buffer indexed by position,
       so a prompt must be fed through it once, in order, before decoding.
+    - `cache_is_rolling`: the cache holds only the latest positions (slot `p mod slots`), so
+      writes must come in order: a write ahead of the position decoded next would overwrite
+      keys still to be read. `False` by default; attention with a banded pattern says `True`.
     - `no_attention_mask`: for a mixer without a pairwise `[T, S]` mask, why it has none and
       what to pass instead (`check_call_inputs` then refuses an `attention_mask`); `None`
       for a mixer that takes one.
@@ -60,6 +63,7 @@ class SequenceMixer(keras.layers.Layer):
     cache_dtype = "float32"
 
     cache_is_recurrent = False
+    cache_is_rolling = False
     no_attention_mask = None
 
     def check_inputs_shape(self, inputs_shape):

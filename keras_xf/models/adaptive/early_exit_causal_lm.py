@@ -229,12 +229,12 @@ class EarlyExitCausalLM(CausalLM):
             inputs, output_length_request(max_length, max_new_tokens))
         self._check_generate_inputs(prompts, extras)
         length = prompts.token_ids.shape[1]
+        packed = self._bucketed_inputs(prompts, extras)
         function = self._exit_generate_function(
-            rule, sampler, stop_token_ids, prompts.prefill_length, return_exit_layers,
-            repetition_penalty)
+            rule, sampler, stop_token_ids, self._prefill_length(prompts, packed),
+            return_exit_layers, repetition_penalty)
         if seed is not None:
             restart_seed(resolved, seed)
-        packed = self._bucketed_inputs(prompts, extras)
         self._generate_functions.count_program(function, packed.values())
         outputs = function({key: ops.convert_to_tensor(value) for key, value in packed.items()},
                            ops.convert_to_tensor(length, "int32"))

@@ -1,14 +1,17 @@
 """The generation settings a `GenerativeTask` keeps: its default stop ids, the samplers its
-compiled functions use, and the count of the programs they compiled."""
+compiled functions use, the shapes they compile for (output bucket, prefill length) and the
+count of the programs they compiled."""
 
+from keras_xf.generation.cache_order import writes_cache_in_order
 from keras_xf.generation.sampling import get_sampler
+from keras_xf.models.generative.generation_arguments import bucketed_inputs
 from keras_xf.models.generative.generation_arguments import check_stop_token_ids
 
 
 class GenerationDefaults:
     """Part of `GenerativeTask`: the default stop ids (`stop_token_ids`, saved in the config
     and set on the built model by `from_config`), the sampler objects that sampler keys
-    resolve to, and `generate_compile_count`."""
+    resolve to, the inputs' output bucket and prefill length, and `generate_compile_count`."""
 
     @property
     def stop_token_ids(self):
@@ -48,6 +51,16 @@ class GenerationDefaults:
         if sampler not in samplers:
             samplers[sampler] = get_sampler(sampler)
         return samplers[sampler]
+
+    def _bucketed_inputs(self, prompts, extras):
+        return bucketed_inputs(prompts, extras, self.prompt_keys, self.pad_token_id,
+                               self._output_embeddings.max_sequence_length)
+
+    def _prefill_length(self, prompts, packed):
+        """The prefill length of `prompts` widened to `packed` (`_bucketed_inputs`), for this
+        model's caches (`PackedPrompts.prefill_length`)."""
+        return prompts.prefill_length(packed[self.prompt_keys[0]].shape[1],
+                                      in_order=writes_cache_in_order(self._generation_stack))
 
     def get_config(self):
         config = super().get_config()

@@ -8,11 +8,14 @@ import numpy as np
 from keras import ops
 
 from keras_xf.export import GenerationSteps
+from keras_xf.generation.cache_order import keeps_recurrent_state
+from keras_xf.generation.cache_order import writes_cache_in_order
 from keras_xf.generation.compile import CompiledFunctions
 from keras_xf.generation.compile import compile_generate_function
 from keras_xf.generation.generation_variables import GenerationVariables
 from keras_xf.generation.prompts import output_padding_mask
 from keras_xf.generation.prompts import pack_prompts
+from keras_xf.generation.prompts import shortest_prompt
 from keras_xf.generation.sampling import SAMPLER_NAMES
 from keras_xf.generation.sampling import check_rule_sampler
 from keras_xf.generation.sampling import get_sampler
@@ -25,12 +28,10 @@ from keras_xf.generation.sampling import stops_on_tensor
 from keras_xf.generation.traced_loop import trace_decoding_step
 from keras_xf.generation.traced_loop import traced_run_loop
 from keras_xf.generation.traced_loop import traces_whole_loop_body
-from keras_xf.layers.mixers.sequence_mixer import SequenceMixer
 from keras_xf.models.backbones.functional_model import FunctionalModel
 from keras_xf.models.generative.generation_arguments import build_stop_classifier
 from keras_xf.models.generative.generation_arguments import check_stop_margin
 from keras_xf.models.generative.text_generation import generates_text
-from keras_xf.models.generative.generation_arguments import bucketed_inputs
 from keras_xf.models.generative.generation_arguments import check_generate_inputs
 from keras_xf.models.generative.generation_arguments import check_repetition_penalty
 from keras_xf.models.generative.generation_arguments import output_length_request
@@ -39,7 +40,6 @@ from keras_xf.models.generative.streaming import StreamingGeneration
 from keras_xf.ops.checks import check_positive_int
 from keras_xf.training.chunked_cross_entropy import ChunkedCrossEntropy
 from keras_xf.training.chunked_loss_model import chunked_loss_metrics
-from keras_xf.ops.keras_internals import sublayers
 
 
 @keras.saving.register_keras_serializable(package="keras_xf")
@@ -54,10 +54,11 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
     (`Seq2SeqLM`) or an image (`VisionLanguageLM`).
 
     Decoding with the cache: `c` is encoded once; one parallel pass (the prefill) writes
-    `c` and the first `p - 1` prompt tokens into the cache, `p` the shortest prompt's length
-    rounded down to a power of two (1 when a decoder layer keeps a recurrent state, which
-    must see every token exactly once); then each step feeds the token at `i - 1` and
-    chooses the token at `i`, keeping prompt tokens. Without the cache each step reruns the
+    `c` and the first `p` positions into the cache, `p` the shortest prompt's length rounded
+    up to a power of two; then each step, from the shortest prompt's end, feeds the token at
+    `i - 1` and chooses the token at `i`, keeping prompt tokens. A decoder layer that keeps a
+    recurrent state must see every token exactly once: there `p` is rounded down, the pass
+    writes `p - 1` tokens and the steps start at `p`. Without the cache each step reruns the
     full forward pass over the fixed-width sequence: the reference the cached path equals.
 
     A subclass supplies only these hooks:
@@ -192,7 +193,7 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
 
         Calls share compiled programs: one per sampler (name, object, the compile default,
         or the values of `temperature`, `top_k`, `top_p`; not the seed), stop ids, prefill
-        length (the shortest prompt's length rounded down to a power of two), stop
+        length (the shortest prompt's length rounded to a power of two), stop
         classifier and repetition penalty, and per output-length bucket: outputs are
         computed in a buffer of the next power of two (at least 8, at most
         `max_sequence_length` when the output fits), the loop stops at the length asked,
@@ -236,14 +237,14 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
             inputs, output_length_request(max_length, max_new_tokens))
         self._check_generate_inputs(prompts, extras)
         length = prompts.token_ids.shape[1]
+        packed = self._bucketed_inputs(prompts, extras)
         function = self.make_generate_function(
             sampler, stop_token_ids, use_cache,
-            prefill_length=prompts.prefill_length if use_cache else None,
+            prefill_length=self._prefill_length(prompts, packed) if use_cache else None,
             stop_classifier=stop_classifier, stop_margin=stop_margin,
             repetition_penalty=repetition_penalty)
         if seed is not None:
             restart_seed(self._resolve_sampler(sampler), seed)
-        packed = self._bucketed_inputs(prompts, extras)
         self._generate_functions.count_program(function, packed.values())
         outputs = function({key: ops.convert_to_tensor(value) for key, value in packed.items()},
                            ops.convert_to_tensor(length, "int32"))
@@ -253,10 +254,6 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
 
     def _check_generate_inputs(self, prompts, extras):
         check_generate_inputs(self.prompt_keys[0], prompts, extras, self._output_embeddings)
-
-    def _bucketed_inputs(self, prompts, extras):
-        return bucketed_inputs(prompts, extras, self.prompt_keys, self.pad_token_id,
-                               self._output_embeddings.max_sequence_length)
 
     def make_generate_function(self, sampler=None, stop_token_ids=None, use_cache=True,
                                prefill_length=None, stop_classifier=None, stop_margin=0.0,
@@ -305,10 +302,16 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
                 (exported generation: the loop checks it with `stops_on_tensor`).
             sampler: a keras-hub sampler; defaults to the compile one.
             use_cache: bool.
-            prefill_length: an int no larger than the shortest prompt: the loop starts
-                there, after a parallel pass over the tokens before it. `None`: the pass
-                covers the whole width and the loop starts at the shortest prompt (as
-                keras-hub does), except where a layer keeps a recurrent state (then 1). A
+            prefill_length: an int: a parallel pass writes the first `prefill_length`
+                positions (at most the width) and the loop starts at the shortest prompt's
+                end or at `prefill_length`, whichever comes first; positions the pass wrote
+                past the loop's start are written again before any query reads them. Where a
+                cache must be written in order (a recurrent state, a rolling cache) it must
+                be no larger than the shortest prompt: the pass then covers the tokens
+                before it and the loop starts there (`PackedPrompts.prefill_length` picks
+                it). `None`:
+                the pass covers the whole width and the loop starts at the shortest prompt
+                (as keras-hub does), except where a layer keeps a recurrent state (then 1). A
                 scalar int tensor (exported generation, where the prompts are inputs): the
                 pass covers the whole width and the loop starts there.
             stop_classifier: optional built `StopClassifier`; with it a row also ends where
@@ -329,7 +332,7 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
         padding_mask = ops.cast(inputs[mask_key], "bool")
         extras = {key: value for key, value in inputs.items() if key not in self.prompt_keys}
         batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
-        index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        index = shortest_prompt(padding_mask)
         context = self._generation_context(**extras)
         hidden = None
         if use_cache:
@@ -379,9 +382,9 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
 
     def _prefilled_cache(self, token_ids, context, prefill_length, index):
         """The loop's starting state `(cache, hidden, index)`: the empty cache filled by one
-        parallel pass over `c` and the prompt tokens before the loop's first position (see
-        `generate_step`'s `prefill_length`; `index` is the shortest prompt's length, the
-        start when `prefill_length` is `None`)."""
+        parallel pass over `c` and the first prompt tokens (see `generate_step`'s
+        `prefill_length`; `index` is the shortest prompt's length, the start when
+        `prefill_length` is `None`, or `None` where the caller starts the loop itself)."""
         batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
         hidden = None
         cache = self._init_generation_cache(batch_size, max_length, context)
@@ -392,21 +395,24 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
             hidden, cache = self._prefill(token_ids, cache, context)
             if prefill_length is not None:
                 index = ops.cast(prefill_length, "int32")
+            return cache, hidden, index
+        # The loop's first step feeds the token before its start. A recurrent state must
+        # see it once and a rolling cache must be written in order, so the pass stops before
+        # it; a full cache takes the same entry again.
+        in_order = writes_cache_in_order(self._generation_stack)
+        filled = prefill_length - 1 if in_order else prefill_length
+        prefix = ops.slice(token_ids, (0, 0), (batch_size, filled)) if filled else None
+        hidden, cache = self._prefill(prefix, cache, context)
+        width = self._output_embeddings.embedding_dim
+        if hidden is None:
+            hidden = ops.zeros((batch_size, max_length, width),
+                               self._generation_stack.compute_dtype)
         else:
-            # The loop's first step feeds the token at `prefill_length - 1`, so the pass
-            # fills the positions before it: every token enters the cache once.
-            filled = prefill_length - 1
-            prefix = ops.slice(token_ids, (0, 0), (batch_size, filled)) if filled else None
-            hidden, cache = self._prefill(prefix, cache, context)
-            width = self._output_embeddings.embedding_dim
-            if hidden is None:
-                hidden = ops.zeros((batch_size, max_length, width),
-                                   self._generation_stack.compute_dtype)
-            else:
-                # Samplers that read hidden states expect one per output position.
-                hidden = ops.pad(hidden, ((0, 0), (0, max_length - filled), (0, 0)))
-            index = prefill_length
-        return cache, hidden, index
+            # Samplers that read hidden states expect one per output position.
+            hidden = ops.pad(hidden, ((0, 0), (0, max_length - filled), (0, 0)))
+        if not (index is None or in_order):
+            prefill_length = ops.minimum(index, prefill_length)
+        return cache, hidden, prefill_length
 
     def _decode_step(self, prompt, cache, index):
         """The cached step of the loop: feeds the token at `index - 1`; returns the logits
@@ -433,10 +439,7 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
         return ops.cast(self._output_embeddings(hidden, reverse=True), "float32")
 
     def _has_recurrent_cache(self):
-        """Whether a decoder layer keeps a recurrent state (`cache_is_recurrent = True`)
-        rather than a cache addressed by position, which may be written twice."""
-        return any(isinstance(layer, SequenceMixer) and layer.cache_is_recurrent
-                   for layer in sublayers(self._generation_stack))
+        return keeps_recurrent_state(self._generation_stack)
 
     def _prefill_cross_attention(self, cache, batch_size, **encoder_inputs):
         """The cache of a cross-attending decoder with only the cross-attention keys and

@@ -109,9 +109,9 @@ class StreamingGeneration:
         """The generator of `stream`, once its arguments are checked."""
         ids_key, mask_key = self.prompt_keys
         packed = self._bucketed_inputs(prompts, extras)
-        start = prompts.prefill_length
-        prefill = self._stream_function(("stream_prefill", start), functools.partial(
-            self._stream_prefill, prefill_length=start), None)
+        prefill_length = self._prefill_length(prompts, packed)
+        prefill = self._stream_function(("stream_prefill", prefill_length), functools.partial(
+            self._stream_prefill, prefill_length=prefill_length), None)
         step = self._stream_function(
             ("stream_step", self._default_sampler_key if sampler is None else sampler,
              repetition_penalty),
@@ -126,7 +126,8 @@ class StreamingGeneration:
         lengths = prompts.padding_mask.sum(axis=1)
         stops = np.asarray(stop_token_ids or (), "int32")
         ended = np.zeros(len(lengths), bool)
-        for index in range(start, prompts.token_ids.shape[1]):
+        # As `generate_step`'s loop: from the shortest prompt's end or the prefill's.
+        for index in range(min(prompts.shortest, prefill_length), prompts.token_ids.shape[1]):
             token_ids, cache, tokens = step(token_ids, cache, ops.convert_to_tensor(
                 index, "int32"), mask)
             if index < lengths.min():
@@ -145,8 +146,9 @@ class StreamingGeneration:
         return self._generate_functions[key]
 
     def _stream_prefill(self, inputs, prefill_length):
-        """The cache of `stream` before its first step: `c` encoded and the prompt tokens
-        before `prefill_length` written, as `generate_step` starts its loop."""
+        """The cache of `stream` before its first step: `c` encoded and the first prompt
+        tokens written (`generate_step`'s `prefill_length`), as `generate_step` starts its
+        loop."""
         extras = {key: value for key, value in inputs.items() if key not in self.prompt_keys}
         context = self._generation_context(**extras)
         cache, _, _ = self._prefilled_cache(inputs[self.prompt_keys[0]], context,
