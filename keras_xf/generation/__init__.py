@@ -1,6 +1,7 @@
-"""Generation utilities: prompt packing, compile buckets, compiled decoding loops, samplers
-(keras-hub's, built from plain arguments) and the repetition penalty."""
+"""Generation utilities: prompt packing, compile buckets, compiled decoding loops and their
+cache on disk, samplers (keras-hub's, built from plain arguments) and the repetition penalty."""
 
+from keras_xf.generation.compilation_cache import enable_compilation_cache
 from keras_xf.generation.compile import compile_generate_function
 from keras_xf.generation.prompts import NewTokens
 from keras_xf.generation.prompts import PackedPrompts

@@ -11,6 +11,7 @@ _PACKAGE = pathlib.Path(keras_xf.__file__).parent
 _ALLOWED = {
     # a loaded tensor handed to each backend's variable in one copy of its own
     "checkpoints/variable_values.py",
+    "generation/compilation_cache.py",  # each backend's own compilation cache on disk
     "generation/compile.py",  # compiling the decoding loop: tf.function, jax.jit, torch eager
     "generation/traced_loop.py",  # the loop body traced once by TorchScript on PyTorch
     "models/backbones/torch_module.py",  # a functional model's torch.nn.Module set-up
