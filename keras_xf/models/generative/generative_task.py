@@ -56,10 +56,11 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
     Decoding with the cache: `c` is encoded once; one parallel pass (the prefill) writes
     `c` and the first `p` positions into the cache, `p` the shortest prompt's length rounded
     up to a power of two; then each step, from the shortest prompt's end, feeds the token at
-    `i - 1` and chooses the token at `i`, keeping prompt tokens. A decoder layer that keeps a
-    recurrent state must see every token exactly once: there `p` is rounded down, the pass
-    writes `p - 1` tokens and the steps start at `p`. Without the cache each step reruns the
-    full forward pass over the fixed-width sequence: the reference the cached path equals.
+    `i - 1` and chooses the token at `i`, keeping prompt tokens. A cache written in order (a
+    recurrent state, which must see every token exactly once, or a rolling cache) has `p`
+    rounded down: the pass writes `p - 1` tokens and the steps start at `p`. Without the
+    cache each step reruns the full forward pass over the fixed-width sequence: the
+    reference the cached path equals.
 
     A subclass supplies only these hooks:
     - `prompt_keys`: the names of its prompt ids and mask (default `token_ids`,
