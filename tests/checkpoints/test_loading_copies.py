@@ -1,6 +1,6 @@
 """Loading in proportion to the bytes: each checkpoint tensor reaches its variable in one
 C-ordered copy that the variable owns (a `torch.nn.Linear` weight, read as a transposed view,
-is copied in tiles), and a progress bar over the megabytes loaded shows for large checkpoints
+is transposed by the backend, or copied in tiles), and a progress bar over the megabytes loaded shows for large checkpoints
 or when asked, and hides when told."""
 
 import re
@@ -15,6 +15,7 @@ from keras_xf.checkpoints.deferred_variables import built_without_values
 from keras_xf.checkpoints.deferred_variables import fill
 from keras_xf.checkpoints.deferred_variables import initialize_unfilled
 from keras_xf.checkpoints.variable_values import c_ordered_copy
+from keras_xf.checkpoints.variable_values import c_ordered_permutation
 from keras_xf.checkpoints.variable_values import variable_value
 
 
@@ -42,6 +43,31 @@ def test_c_ordered_copy_equals_numpy(shape, axes, dtype):
     assert copied.flags.c_contiguous and copied.dtype == dtype
     np.testing.assert_array_equal(copied, view.astype(dtype))
     assert not np.may_share_memory(copied, source)
+
+
+@pytest.mark.parametrize("shape, axes", [
+    ((100, 70), (1, 0)),
+    ((3, 50, 70), (2, 0, 1)),
+    ((5, 1, 7), (2, 1, 0)),
+    ((3, 4, 5, 6), (3, 1, 0, 2)),
+])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_permuted_view_reaches_the_backend_in_c_order(shape, axes, dtype):
+    # Views of a read-only block, as a file mapping gives: the backend's own transposition.
+    source = np.random.default_rng(0).normal(size=shape).astype("float32")
+    source.flags.writeable = False
+    view = source.transpose(axes)
+    assert c_ordered_permutation(view) is not None
+    value = variable_value(view, dtype, [source])
+    actual = keras.ops.convert_to_numpy(keras.ops.cast(value, "float32"))
+    np.testing.assert_array_equal(actual, view.astype(dtype).astype("float32"))
+
+
+def test_only_a_permuted_c_ordered_block_has_a_permutation():
+    block = np.zeros((6, 8), "float32")
+    assert c_ordered_permutation(block.T) == (1, 0)
+    assert c_ordered_permutation(block[:, ::2]) is None  # a strided slice
+    assert c_ordered_permutation(block[::-1]) is None  # a negative stride
 
 
 def test_a_linear_weight_split_into_heads_is_copied_whole():
