@@ -57,6 +57,45 @@ def language_model_examples(token_ids, sequence_length, stride=None):
     return x, windows[:, 1:], np.ones_like(windows[:, 1:], dtype="float32")
 
 
+def stream_examples(token_ids, batch_size, chunk_length):
+    """Lays a long id stream out for a model that carries a memory from batch to batch
+    (`MemoryAttention(stateful=True)`, survey §5.2.1).
+
+    The stream is cut into `batch_size` contiguous rows, each of `n · chunk_length + 1` ids
+    (the tail that does not fill a chunk is left out), and batch `k` holds chunk `k` of every
+    row: row `b` of batch `k` continues row `b` of batch `k − 1`. Train with
+    `fit(x, y, batch_size=batch_size, shuffle=False)`.
+
+    Returns `(x, y, sample_weight)` as `language_model_examples`: `x = {"token_ids",
+    "padding_mask"}` of shape `[n · batch_size, chunk_length]`, `y` the ids shifted by one.
+
+    Example:
+    >>> x, y, w = stream_examples(np.arange(100), batch_size=2, chunk_length=8)
+    >>> x["token_ids"][2:4, 0]  # batch 1 continues batch 0 in each row
+    array([ 8, 58], dtype=int32)
+    """
+    token_ids = np.asarray(token_ids, dtype="int32")
+    for name, value in (("batch_size", batch_size), ("chunk_length", chunk_length)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
+    chunks = (len(token_ids) // batch_size - 1) // chunk_length
+    if chunks < 1:
+        raise ValueError(
+            f"The stream ({len(token_ids)} ids) is too short for {batch_size} rows of one "
+            f"chunk each: it needs batch_size * (chunk_length + 1) = "
+            f"{batch_size * (chunk_length + 1)} ids."
+        )
+    row_length = len(token_ids) // batch_size
+    rows = token_ids[: batch_size * row_length].reshape(batch_size, row_length)
+    rows = rows[:, : chunks * chunk_length + 1]
+    inputs = rows[:, :-1].reshape(batch_size, chunks, chunk_length).transpose(1, 0, 2)
+    labels = rows[:, 1:].reshape(batch_size, chunks, chunk_length).transpose(1, 0, 2)
+    inputs = inputs.reshape(-1, chunk_length)
+    labels = labels.reshape(-1, chunk_length)
+    x = {"token_ids": inputs, "padding_mask": np.ones_like(inputs, dtype="int32")}
+    return x, labels, np.ones_like(labels, dtype="float32")
+
+
 def seq2seq_examples(sources, targets, source_length=None, target_length=None, pad_token_id=0,
                      start_token_id=1, end_token_id=2):
     """Teacher-forcing examples for `Seq2SeqLM.fit` from lists of source and target ids.

@@ -78,3 +78,37 @@ def test_seq2seq_examples_fixed_lengths_and_errors():
         seq2seq_examples([[5, 6, 7]], [[9]], source_length=2)
     with pytest.raises(ValueError, match="sequence_length"):
         seq2seq_examples([[5]], [[9, 10, 11]], target_length=3)
+
+
+def test_stream_examples_continue_each_row_from_batch_to_batch():
+    import doctest
+
+    from keras_xf.training import stream_examples
+
+    stream = np.arange(103)
+    x, y, weights = stream_examples(stream, batch_size=3, chunk_length=4)
+    ids = x["token_ids"]
+    assert ids.shape == (3 * 8, 4) and y.shape == ids.shape and weights.shape == ids.shape
+    rows = ids.reshape(8, 3, 4).transpose(1, 0, 2).reshape(3, 32)  # each row, batch by batch
+    np.testing.assert_array_equal(rows, np.stack([np.arange(b * 34, b * 34 + 32)
+                                                  for b in range(3)]))
+    np.testing.assert_array_equal(y, ids + 1)
+    assert x["padding_mask"].all()
+    test = doctest.DocTestParser().get_doctest(stream_examples.__doc__, {"np": np,
+                                               "stream_examples": stream_examples},
+                                               "stream_examples", None, 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    runner.run(test)
+    assert runner.failures == 0
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ((np.arange(10), 2, 8), "too short"),
+    ((np.arange(100), 0, 8), "batch_size must be a positive int"),
+    ((np.arange(100), 2, 1.5), "chunk_length must be a positive int"),
+])
+def test_stream_examples_bad_arguments(arguments, message):
+    from keras_xf.training import stream_examples
+
+    with pytest.raises(ValueError, match=message):
+        stream_examples(*arguments)

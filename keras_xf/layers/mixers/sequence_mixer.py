@@ -46,6 +46,9 @@ class SequenceMixer(keras.layers.Layer):
     - `cache_is_rolling`: the cache holds only the latest positions (slot `p mod slots`), so
       writes must come in order: a write ahead of the position decoded next would overwrite
       keys still to be read. `False` by default; attention with a banded pattern says `True`.
+    - `carries_memory`: the mixer keeps a memory in variables that each call without a cache
+      advances (a stateful `MemoryAttention`), so generation must use the cache, which reads
+      it and leaves it. `False` by default.
     - `no_attention_mask`: for a mixer without a pairwise `[T, S]` mask, why it has none and
       what to pass instead (`check_call_inputs` then refuses an `attention_mask`); `None`
       for a mixer that takes one.
@@ -64,6 +67,7 @@ class SequenceMixer(keras.layers.Layer):
 
     cache_is_recurrent = False
     cache_is_rolling = False
+    carries_memory = False
     no_attention_mask = None
 
     def check_inputs_shape(self, inputs_shape):

@@ -8,6 +8,7 @@ import numpy as np
 from keras import ops
 
 from keras_xf.export import GenerationSteps
+from keras_xf.generation.cache_order import check_use_cache
 from keras_xf.generation.cache_order import keeps_recurrent_state
 from keras_xf.generation.cache_order import writes_cache_in_order
 from keras_xf.generation.compile import CompiledFunctions
@@ -226,8 +227,7 @@ class GenerativeTask(StreamingGeneration, GenerationDefaults, FunctionalModel):
         >>> len(sampled[0])
         7
         """
-        if not isinstance(use_cache, bool):
-            raise ValueError(f"use_cache must be a bool. Received: use_cache={use_cache!r}")
+        check_use_cache(use_cache, self._generation_stack)
         stop_margin = check_stop_margin(stop_classifier, stop_margin)
         if stop_classifier is not None:
             self._build_stop_classifier(stop_classifier)
