@@ -56,6 +56,14 @@ TINY_RUNS = {
          "--sample-length", "8", "--output", "{tmp}"],
         ["validation perplexity", "sample:", "saved", "exported"],
     ),
+    "memory_lm.py": (
+        ["--train-characters", "4000", "--valid-characters", "2000", "--epochs", "1",
+         "--hidden-dim", "16", "--num-layers", "1", "--num-heads", "2", "--batch-size", "4",
+         "--chunk-length", "8", "--memory-length", "8", "--output", "{tmp}/memory_lm.json"],
+        ["memory       validation perplexity", "stream order validation perplexity",
+         "no memory    validation perplexity", "window       validation perplexity",
+         "over the validation stream", "time:"],
+    ),
     "layer_drop.py": (
         ["--steps", "2", "--num-layers", "2", "--hidden-dim", "16", "--num-heads", "2",
          "--sequence-length", "16", "--batch-size", "4", "--max-characters", "20000",

@@ -149,6 +149,12 @@ class MemoryAttention(SequenceMixer):
                 "rolling cache keeps no room for the memory. Received: pattern="
                 f"{type(self.attention.pattern).__name__}"
             )
+        if self.stateful and batch_size != self.batch_size:
+            raise ValueError(
+                f"A stateful MemoryAttention decodes its {self.batch_size} rows of memory: "
+                f"generate {self.batch_size} prompts at a time (batch_size={self.batch_size}). "
+                f"Received: batch_size={batch_size}"
+            )
         memory, memory_mask = self._current_memory(None, None, batch_size)
         cache = self.attention.init_cache(batch_size, self.memory_length + max_length, dtype)
         _, cache = self.attention(ops.cast(memory, dtype or self.compute_dtype),
@@ -175,7 +181,8 @@ class MemoryAttention(SequenceMixer):
                                 cache_index, training)
         memory, memory_mask = self._current_memory(memory, memory_mask, batch)
         if reset is not None:
-            memory_mask = ops.logical_and(memory_mask, ops.logical_not(reset)[:, None])
+            memory_mask = ops.logical_and(memory_mask,
+                                          ops.logical_not(ops.cast(reset, "bool"))[:, None])
         if padding_mask is None:
             padding_mask = ops.ones((batch, length), "bool")
         window = ops.concatenate(
