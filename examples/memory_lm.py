@@ -112,9 +112,10 @@ def train_and_evaluate(args, name, train_ids, valid_ids):
           f"{args.chunk_length // 4} positions of each sequence {early:.3f}, the others "
           f"{late:.3f}; {len(y) * y.shape[1]:,} training characters an epoch, {args.epochs} "
           f"epochs, {seconds:.0f} s)", flush=True)
+    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
     return model, {"perplexity": result["perplexity"], "first_positions_perplexity": early,
                    "other_positions_perplexity": late, "train_seconds": seconds,
-                   "parameters": model.count_params()}
+                   "trainable_parameters": trainable}
 
 
 def perplexity_by_position(args, model, x, y):

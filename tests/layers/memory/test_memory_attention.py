@@ -1,6 +1,6 @@
 """MemoryAttention (Transformer-XL's chunk recurrence): chunks against the numpy recurrence,
 one banded pass, the stateful memory in predict and fit, resets, the stopped gradient,
-precision, XLA, saving and wrong inputs."""
+precision, XLA (TensorFlow and JAX), saving and wrong inputs."""
 
 import keras
 import numpy as np
@@ -166,13 +166,18 @@ def test_fully_masked_rows_give_no_nan():
     assert np.isfinite(to_numpy(outputs)).all()
 
 
-def test_config_round_trip_saving_and_xla(tmp_path):
+def test_config_round_trip_and_saving(tmp_path):
     rng = np.random.default_rng(6)
     layer = _built(rng, position=RotaryEmbedding())
     checks.check_config_round_trip(layer)
     checks.check_config_round_trip(_layer(stateful=True, batch_size=B))
     inputs = [random_normal(rng, (B, T, D))]
     checks.check_saving(checks.wrap_in_model(layer, inputs), inputs, tmp_path)
+
+
+@checks.xla_only
+def test_jit_compile():
+    inputs = [random_normal(np.random.default_rng(6), (B, T, D))]
     checks.check_jit_compile(checks.wrap_in_model(_layer(), inputs), inputs)
 
 
