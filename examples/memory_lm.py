@@ -1,10 +1,14 @@
-"""Transformer-XL's memory on a character-level language model of Shakespeare (survey §5.2.1).
+"""Transformer-XL's memory, and a compressive long-term memory behind it, on a
+character-level language model of Shakespeare (survey §5.2.1, §5.2.2).
 
-Three models of the same size are trained for the same number of epochs over the same
+Models of the same size are trained for the same number of epochs over the same
 characters, and compared by validation perplexity:
 - **memory**: chunks of `--chunk-length` characters, each layer attending to its chunk and to
   a memory of the `--memory-length` positions before it (`MemoryAttention`), the text laid out
   as a stream (`stream_examples`) and the memory carried from batch to batch;
+- **compressive**: the memory model with, behind its memory, a long-term memory of
+  `--compressed-length` slots into which the positions the memory lets go are averaged in
+  groups of `--compression-rate` (`CompressiveMemoryAttention`);
 - **no memory**: the same chunks, each read on its own (shuffled);
 - **stream order**: the same chunks read on their own, in the memory model's batch order
   (not shuffled), the control for that order;
@@ -13,9 +17,9 @@ characters, and compared by validation perplexity:
   attention cost per token (`T·(M + T)` scores per `T` tokens against `(M + T)²` per
   `M + T`).
 
-Then the memory model reads the validation stream once more, and the time and resident
-memory of each chunk are reported for the first and the last quarter of the stream: a fixed
-memory keeps both flat however long the stream.
+Then each model with a memory reads the validation stream once more, and the time and
+resident memory of each chunk are reported for the first and the last quarter of the stream:
+fixed-size memories keep both flat however long the stream.
 
     KERAS_BACKEND=jax python examples/memory_lm.py
     KERAS_BACKEND=torch python examples/memory_lm.py --train-characters 20000 --epochs 1
@@ -42,6 +46,8 @@ def parse_args():
     parser.add_argument("--valid-characters", type=int, default=100_000)
     parser.add_argument("--chunk-length", type=int, default=64)
     parser.add_argument("--memory-length", type=int, default=64)
+    parser.add_argument("--compressed-length", type=int, default=32)
+    parser.add_argument("--compression-rate", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--hidden-dim", type=int, default=128)
@@ -50,7 +56,8 @@ def parse_args():
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--position", choices=["rotary", "alibi"], default="rotary",
                         help="relative positions in the attention (each window restarts at 0)")
-    parser.add_argument("--models", default="memory,stream order,no memory,window")
+    parser.add_argument("--models",
+                        default="memory,compressive,stream order,no memory,window")
     parser.add_argument("--output", default=None, help="a JSON file for the results")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
@@ -60,22 +67,30 @@ def encode(text):
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype("int32")
 
 
-def build(args, memory):
+STREAMED = ("memory", "compressive", "stream order")  # read in stream order, not shuffled
+
+
+def build(args, name):
     if args.position == "rotary":
         attention = xf.MultiHeadAttention(num_heads=args.num_heads,
                                           position=xf.RotaryEmbedding())
     else:
         attention = xf.MultiHeadAttention(num_heads=args.num_heads, biases=[xf.AlibiBias()])
     mixer = attention
-    if memory:
+    if name == "memory":
         mixer = xf.MemoryAttention(attention, memory_length=args.memory_length, stateful=True,
                                    batch_size=args.batch_size)
+    elif name == "compressive":
+        mixer = xf.CompressiveMemoryAttention(
+            attention, memory_length=args.memory_length,
+            compressed_length=args.compressed_length, compression_rate=args.compression_rate,
+            stateful=True, batch_size=args.batch_size)
     block = xf.TransformerBlock(mixer, xf.FeedForward(4 * args.hidden_dim, activation="gelu"),
                                 norm_placement="pre")
     model = keras_xf.models.CausalLM(
         vocabulary_size=256, num_layers=args.num_layers, hidden_dim=args.hidden_dim,
         block=block, position="none",
-        max_sequence_length=args.chunk_length + args.memory_length)
+        max_sequence_length=args.chunk_length + args.memory_length + args.compressed_length)
     import keras_hub
 
     model.compile(
@@ -85,7 +100,7 @@ def build(args, memory):
 
 
 def data(args, name, ids):
-    if name in ("memory", "stream order"):
+    if name in STREAMED:
         x, y, _ = stream_examples(ids, args.batch_size, args.chunk_length)
         return x, y
     length = args.chunk_length + (args.memory_length if name == "window" else 0)
@@ -96,13 +111,13 @@ def data(args, name, ids):
 
 def train_and_evaluate(args, name, train_ids, valid_ids):
     keras.utils.set_random_seed(args.seed)
-    model = build(args, name == "memory")
+    model = build(args, name)
     x, y = data(args, name, train_ids)
     valid_x, valid_y = data(args, name, valid_ids)
-    callbacks = [StreamMemory()] if name == "memory" else []
+    callbacks = [StreamMemory()] if name in ("memory", "compressive") else []
     start = time.perf_counter()
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
-              shuffle=name not in ("memory", "stream order"),
+              shuffle=name not in STREAMED,
               callbacks=callbacks, verbose=0)
     seconds = time.perf_counter() - start
     result = model.evaluate(valid_x, valid_y, batch_size=args.batch_size, verbose=0,
@@ -135,7 +150,7 @@ def resident_mb():
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def flat_over_the_stream(args, model, valid_ids):
+def flat_over_the_stream(args, name, model, valid_ids):
     """Reads the validation stream batch by batch (each call carrying the memory to the next,
     its outputs dropped) and reports the time and resident memory of the calls in the first
     and the last quarter of the stream."""
@@ -155,7 +170,7 @@ def flat_over_the_stream(args, model, valid_ids):
               "last_quarter_ms": 1000 * float(np.median(times[last])),
               "first_quarter_rss_mb": float(np.median(memory[first])),
               "last_quarter_rss_mb": float(np.median(memory[last]))}
-    print(f"memory model over the validation stream ({report['chunks']} batches): "
+    print(f"{name} model over the validation stream ({report['chunks']} batches): "
           f"{report['first_quarter_ms']:.1f} ms a batch in the first quarter, "
           f"{report['last_quarter_ms']:.1f} ms in the last; resident "
           f"{report['first_quarter_rss_mb']:.0f} MB, then {report['last_quarter_rss_mb']:.0f} MB")
@@ -170,13 +185,13 @@ def main():
     train_ids, valid_ids = ids[: args.train_characters], ids[args.train_characters:]
     print(f"backend: {keras.config.backend()}; corpus: {corpus}; chunks of "
           f"{args.chunk_length}, memory of {args.memory_length}", flush=True)
-    results, memory_model = {}, None
+    results, stateful = {}, {}
     for name in args.models.split(","):
         model, results[name] = train_and_evaluate(args, name, train_ids, valid_ids)
-        if name == "memory":
-            memory_model = model
-    if memory_model is not None:
-        results["flat"] = flat_over_the_stream(args, memory_model, valid_ids)
+        if name in ("memory", "compressive"):
+            stateful[name] = model
+    for name, model in stateful.items():
+        results[f"flat {name}"] = flat_over_the_stream(args, name, model, valid_ids)
     if args.output:
         with open(args.output, "w") as file:
             json.dump({"backend": keras.config.backend(), "arguments": vars(args),

@@ -59,10 +59,13 @@ TINY_RUNS = {
     "memory_lm.py": (
         ["--train-characters", "4000", "--valid-characters", "2000", "--epochs", "1",
          "--hidden-dim", "16", "--num-layers", "1", "--num-heads", "2", "--batch-size", "4",
-         "--chunk-length", "8", "--memory-length", "8", "--output", "{tmp}/memory_lm.json"],
-        ["memory       validation perplexity", "stream order validation perplexity",
+         "--chunk-length", "8", "--memory-length", "8", "--compressed-length", "4",
+         "--output", "{tmp}/memory_lm.json"],
+        ["memory       validation perplexity", "compressive  validation perplexity",
+         "stream order validation perplexity",
          "no memory    validation perplexity", "window       validation perplexity",
-         "over the validation stream", "time:"],
+         "memory model over the validation stream",
+         "compressive model over the validation stream", "time:"],
     ),
     "layer_drop.py": (
         ["--steps", "2", "--num-layers", "2", "--hidden-dim", "16", "--num-heads", "2",
@@ -89,6 +92,13 @@ TINY_RUNS = {
         ["--epochs", "1", "--steps", "2", "--batch-size", "16", "--num-layers", "1",
          "--hidden-dim", "16", "--num-heads", "2", "--intermediate-dim", "32", "--verbose", "0"],
         ["test accuracy", "time:"],
+    ),
+    "retrieval_recall.py": (
+        ["--steps", "4", "--chunk-length", "8", "--chunks", "2", "--pairs", "2",
+         "--top-k", "2", "--batch-size", "4", "--eval-documents", "1", "--hidden-dim", "16",
+         "--verbose", "0"],
+        ["retrieval held-out recall accuracy", "local     held-out recall accuracy",
+         "memory    held-out recall accuracy", "time:"],
     ),
     "long_range.py": (
         ["--mixer", "all", "--sequence-length", "16", "--pairs", "2", "--steps", "2",

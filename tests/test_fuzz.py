@@ -4,8 +4,8 @@ argument.
 
 The layers are found, not listed (`fuzz_layers.discover_layers`), and each one's docstring
 example is the valid construction and call that the cases change, so a new layer is covered
-as soon as it is written with its example. Hypothesis draws a few cases per layer with a fixed
-derandomised seed, so the suite is reproducible and stays fast; `python -m tests.fuzz_layers`
+as soon as it is written with its example. Hypothesis draws two cases per layer and test with a
+fixed derandomised seed, so the suite is reproducible and stays fast; `python -m tests.fuzz_layers`
 runs every case.
 """
 
@@ -21,9 +21,11 @@ IDS = [cls.__name__ for cls in LAYERS]
 WITH_ARGUMENTS = [cls for cls in LAYERS if fuzz_layers.init_parameters(cls)]
 
 # A handful of cases per layer and test: eager JAX compiles every new shape, and the first
-# run of each layer (`test_example_runs`) already costs most of this file's time.
+# run of each layer (`test_example_runs`) already costs most of this file's time. Two cases a
+# layer and test, drawn the same in every run (`derandomize`); `python -m tests.fuzz_layers`
+# runs every case.
 FUZZ_SETTINGS = settings(
-    max_examples=3,
+    max_examples=2,
     deadline=None,
     derandomize=True,
     database=None,
@@ -63,7 +65,7 @@ def test_constructor_arguments(cls, data):
 
 
 @pytest.mark.parametrize("cls", LAYERS, ids=IDS)
-@settings(FUZZ_SETTINGS, max_examples=2)
+@FUZZ_SETTINGS
 @given(data=st.data())
 def test_call_inputs(cls, data):
     """The example's call with its input scaled by 1e3, cut to one position or of another rank,

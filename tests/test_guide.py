@@ -1,13 +1,24 @@
-"""Every ```python block of docs/guide.md runs, in order, in one namespace, on the current
-backend; files go to a temporary folder."""
+"""Every ```python block of docs/guide.md runs, in order, in one namespace, on JAX and on
+PyTorch; files go to a temporary folder.
+
+Not on TensorFlow, for the reason `tests/test_examples.py` gives for the examples: the guide
+fits several models, and TensorFlow traces a graph for each (the longest test of its leg),
+while every layer and model the guide calls has its unit tests on TensorFlow too."""
 
 import os
 import tempfile
 
+import keras
 import numpy as np
+import pytest
 
 from tests.markdown import compiled
 from tests.markdown import python_blocks
+
+pytestmark = pytest.mark.skipif(
+    keras.config.backend() == "tensorflow",
+    reason="the guide runs on JAX and PyTorch; TensorFlow traces a graph for each model it "
+    "fits, and its unit tests cover every call the guide makes")
 
 GUIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                      "guide.md")

@@ -58,7 +58,9 @@ from keras_xf.layers.heads.classification_head import ClassificationHead
 from keras_xf.layers.heads.early_exit_heads import EarlyExitHeads
 from keras_xf.layers.heads.pooling import Pooling
 from keras_xf.layers.heads.stop_classifier import StopClassifier
+from keras_xf.layers.memory.compressive_memory_attention import CompressiveMemoryAttention
 from keras_xf.layers.memory.memory_attention import MemoryAttention
+from keras_xf.layers.memory.retrieval_memory_attention import RetrievalMemoryAttention
 from keras_xf.layers.mixers.average_attention import AverageAttention
 from keras_xf.layers.mixers.conformer_convolution import ConformerConvolution
 from keras_xf.layers.mixers.depthwise_convolution import DepthwiseConvolution

@@ -137,29 +137,40 @@ class MemoryAttention(SequenceMixer):
         self.memory.assign(ops.zeros(self.memory.shape, "float32"))
         self.memory_mask.assign(ops.zeros(self.memory_mask.shape, "float32"))
 
+    @property
+    def prefix_length(self):
+        """Positions before the chunk in the attention's window: the memory's `M`."""
+        return self.memory_length
+
+    def decoding_prefix(self, batch_size):
+        """The states `[B, P, d]` and boolean mask `[B, P]` (`P = prefix_length`) whose keys
+        and values decoding reads before its own positions: the current memory."""
+        return self._current_memory(None, None, batch_size)
+
     def init_cache(self, batch_size, max_length, dtype=None):
-        """The decoding cache `(attention_cache, memory_mask [B, M])`: the attention's cache
-        over `M + max_length` positions, whose first `M` hold the keys and values of the
-        current memory (the variables of a stateful layer; an empty memory otherwise), so
-        that decoding continues from it. Decoding reads the memory and leaves it as it is."""
+        """The decoding cache `(attention_cache, prefix_mask [B, P])`: the attention's cache
+        over `P + max_length` positions (`P = prefix_length`), whose first `P` hold the keys
+        and values of the current memory (the variables of a stateful layer; an empty memory
+        otherwise), so that decoding continues from it. Decoding reads the memory and leaves
+        it as it is."""
         self.check_cache_ready()
         if self.attention.cache_is_rolling:
             raise ValueError(
-                "MemoryAttention decodes with the attention's full cache: a pattern with a "
-                "rolling cache keeps no room for the memory. Received: pattern="
+                f"{type(self).__name__} decodes with the attention's full cache: a pattern "
+                "with a rolling cache keeps no room for the memory. Received: pattern="
                 f"{type(self.attention.pattern).__name__}"
             )
         if self.stateful and batch_size != self.batch_size:
             raise ValueError(
-                f"A stateful MemoryAttention decodes its {self.batch_size} rows of memory: "
+                f"A stateful {type(self).__name__} decodes its {self.batch_size} rows of memory: "
                 f"generate {self.batch_size} prompts at a time (batch_size={self.batch_size}). "
                 f"Received: batch_size={batch_size}"
             )
-        memory, memory_mask = self._current_memory(None, None, batch_size)
-        cache = self.attention.init_cache(batch_size, self.memory_length + max_length, dtype)
-        _, cache = self.attention(ops.cast(memory, dtype or self.compute_dtype),
+        prefix, prefix_mask = self.decoding_prefix(batch_size)
+        cache = self.attention.init_cache(batch_size, self.prefix_length + max_length, dtype)
+        _, cache = self.attention(ops.cast(prefix, dtype or self.compute_dtype),
                                   use_causal_mask=True, cache=cache, cache_index=0)
-        return cache, memory_mask
+        return cache, prefix_mask
 
     def _current_memory(self, memory, memory_mask, batch):
         if self.stateful:
@@ -201,30 +212,31 @@ class MemoryAttention(SequenceMixer):
 
     def _decode(self, inputs, padding_mask, memory, reset, return_memory, cache, cache_index,
                 training):
-        """A cached call at `cache_index` (positions after the memory's `M`): the chunk's
-        keys attend to the memory slots its mask keeps and, causally, to the positions
+        """A cached call at `cache_index` (positions after the prefix's `P`): the chunk's
+        keys attend to the prefix slots its mask keeps and, causally, to the positions
         written before."""
         for name, value in (("padding_mask", padding_mask), ("memory", memory),
                             ("reset", reset), ("return_memory", return_memory or None)):
             if value is not None:
                 raise ValueError(
-                    f"A cached MemoryAttention call decodes from the memory in its cache "
+                    f"A cached {type(self).__name__} call decodes from the memory in its cache "
                     f"(init_cache) and takes no {name}. Received: {name}={value!r}"
                 )
         if cache_index is None:
-            raise ValueError("A cached MemoryAttention call needs cache_index, the position of "
-                             "its first token after the memory. Received: cache_index=None")
-        attention_cache, memory_mask = cache
+            raise ValueError(f"A cached {type(self).__name__} call needs cache_index, the "
+                             "position of its first token after the memory. Received: "
+                             "cache_index=None")
+        attention_cache, prefix_mask = cache
         batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
-        keys = ops.shape(attention_cache[0])[2] - self.memory_length
+        keys = ops.shape(attention_cache[0])[2] - self.prefix_length
         keep = ops.concatenate([
-            ops.broadcast_to(ops.cast(memory_mask, "bool")[:, None, :],
-                             (batch, length, self.memory_length)),
+            ops.broadcast_to(ops.cast(prefix_mask, "bool")[:, None, :],
+                             (batch, length, self.prefix_length)),
             ops.ones((batch, length, keys), "bool")], axis=-1)
         outputs, attention_cache = self.attention(
             inputs, attention_mask=keep, use_causal_mask=True, cache=attention_cache,
-            cache_index=cache_index + self.memory_length, training=training)
-        return outputs, (attention_cache, memory_mask)
+            cache_index=cache_index + self.prefix_length, training=training)
+        return outputs, (attention_cache, prefix_mask)
 
     def _check_call(self, inputs, padding_mask, memory, memory_mask, reset, use_causal_mask):
         check_sequence_width(inputs, self.input_dim)
@@ -232,22 +244,22 @@ class MemoryAttention(SequenceMixer):
         batch, length = inputs.shape[0], inputs.shape[1]
         if use_causal_mask is not None and not use_causal_mask:
             raise ValueError(
-                "MemoryAttention is causal: the memory holds the positions before the chunk. "
-                f"Received: use_causal_mask={use_causal_mask!r}"
+                f"{type(self).__name__} is causal: the memory holds the positions before the "
+                f"chunk. Received: use_causal_mask={use_causal_mask!r}"
             )
         if self.stateful:
             if memory is not None or memory_mask is not None:
                 raise ValueError(
-                    "A stateful MemoryAttention keeps its memory in variables; give memory "
-                    "and memory_mask only with stateful=False. Received: memory="
+                    f"A stateful {type(self).__name__} keeps its memory in variables; give "
+                    "memory and memory_mask only with stateful=False. Received: memory="
                     f"{None if memory is None else tuple(memory.shape)}, memory_mask="
                     f"{None if memory_mask is None else tuple(memory_mask.shape)}"
                 )
             if batch is not None and batch != self.batch_size:
                 raise ValueError(
-                    f"A stateful MemoryAttention takes batches of batch_size={self.batch_size} "
-                    "(row b of each batch continues row b of the last one). Received: "
-                    f"inputs.shape={tuple(inputs.shape)}"
+                    f"A stateful {type(self).__name__} takes batches of "
+                    f"batch_size={self.batch_size} (row b of each batch continues row b of the "
+                    f"last one). Received: inputs.shape={tuple(inputs.shape)}"
                 )
         if memory_mask is not None and memory is None:
             raise ValueError("memory_mask describes a memory: give memory with it. Received: "

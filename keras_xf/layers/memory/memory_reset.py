@@ -5,8 +5,9 @@ from keras_xf.ops.keras_internals import sublayers
 
 
 def reset_memories(layer):
-    """Empties the memory of every stateful `MemoryAttention` inside `layer` (a model, a stack
-    or a block), as at the start of a stream; returns how many were reset.
+    """Empties the memories of every stateful `MemoryAttention` (and subclass:
+    `CompressiveMemoryAttention`, `RetrievalMemoryAttention`) inside `layer` (a model, a
+    stack or a block), as at the start of a stream; returns how many were reset.
 
     Example:
     >>> reset_memories(model)  # before evaluating on a new stream
